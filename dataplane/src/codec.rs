@@ -1,0 +1,74 @@
+//! Framing of messages on byte streams (TCP, Unix sockets, pipes), as a
+//! tokio-util [`Decoder`] and [`Encoder`].
+//!
+//! A message on a stream is its encoding: header (32 or 64 bytes) then
+//! `msg_length` payload bytes. Nothing else is needed to find the next one.
+//! A stream cannot resynchronise after garbage, so a malformed header is an
+//! error that ends the stream.
+
+use bytes::{Buf, BytesMut};
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::wire::{HeaderView, ReqType, field, HEADER_LEN};
+use crate::{LinkError, Message};
+
+/// Encoder and decoder of [`Message`]s on a byte stream.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MessageCodec {
+    _private: (),
+}
+
+impl MessageCodec {
+    /// A codec with no state.
+    pub const fn new() -> Self {
+        MessageCodec { _private: () }
+    }
+}
+
+impl Decoder for MessageCodec {
+    type Item = Message;
+    type Error = LinkError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Message>, LinkError> {
+        if src.len() < HEADER_LEN {
+            src.reserve(HEADER_LEN - src.len());
+            return Ok(None);
+        }
+        let code = src[field::REQ_TYPE];
+        let header_len = ReqType::from_u8(code)
+            .ok_or(crate::wire::DecodeError::UnknownRequestType(code))?
+            .header_len();
+        if src.len() < header_len {
+            src.reserve(header_len - src.len());
+            return Ok(None);
+        }
+        let view = HeaderView::new_checked(&src[..header_len])?;
+        let header = view.to_header();
+        let total = header_len + header.length as usize;
+        if src.len() < total {
+            src.reserve(total - src.len());
+            return Ok(None);
+        }
+        src.advance(header_len);
+        let payload = src.split_to(header.length as usize).freeze();
+        Ok(Some(Message::new(header, payload)?))
+    }
+}
+
+impl Encoder<Message> for MessageCodec {
+    type Error = LinkError;
+
+    fn encode(&mut self, item: Message, dst: &mut BytesMut) -> Result<(), LinkError> {
+        item.encode(dst);
+        Ok(())
+    }
+}
+
+impl Encoder<&Message> for MessageCodec {
+    type Error = LinkError;
+
+    fn encode(&mut self, item: &Message, dst: &mut BytesMut) -> Result<(), LinkError> {
+        item.encode(dst);
+        Ok(())
+    }
+}

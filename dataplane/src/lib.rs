@@ -1,0 +1,43 @@
+//! The uniplane vocabulary: what every other crate of uniplane speaks.
+//!
+//! - [`Uid`], [`Endpoint`], [`MemoryAddress`]: global names of resources,
+//!   ports and memory bytes (`10.0.0.7:3`, `10.0.0.7:3/80`, `10.0.0.7:5@0x1000`).
+//! - [`wire`]: the 32-byte DUA header, its field table, request types and
+//!   checked zero-copy views; [`Message`] = header + payload.
+//! - [`codec::MessageCodec`]: framing on byte streams.
+//! - [`Link`] and [`Stack`]: the traits every transport implements; [`mem`]:
+//!   the in-memory link.
+//! - [`fault`] and [`pcap`]: link middleware for fault injection and capture.
+//!
+//! ```
+//! use uniplane_dataplane::{Message, Endpoint};
+//! use bytes::{Bytes, BytesMut};
+//!
+//! let src: Endpoint = "10.0.0.7:3/80".parse()?;
+//! let dst: Endpoint = "10.0.0.9:1/443".parse()?;
+//! let msg = Message::send(src, dst, Bytes::from_static(b"hello"))?;
+//! let mut wire = BytesMut::new();
+//! msg.encode(&mut wire);
+//! let (back, used) = Message::decode(&wire.freeze())?;
+//! assert_eq!((back, used), (msg, 37));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod codec;
+pub mod fault;
+pub mod link;
+pub mod mem;
+mod message;
+pub mod pcap;
+mod rng;
+pub mod stack;
+mod uid;
+pub mod wire;
+
+pub use link::{BoxLink, Link, LinkError, LinkExt};
+pub use message::Message;
+pub use rng::SplitMix64;
+pub use stack::{BoxListener, Capabilities, Locator, Stack, StackError, StackFuture};
+pub use uid::{Endpoint, MemoryAddress, ParseUidError, Target, Uid};
