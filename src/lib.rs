@@ -1,1 +1,22 @@
+//! uniplane: Direct Universal Access (DUA, NSDI'19) as a Rust dataplane.
+//!
+//! Every resource — a process, an FPGA kernel, a GPU, host or device
+//! memory — has a global [`Uid`] (server IPv4 + device number) and one
+//! interface: connect/listen/accept/close, send/recv and one-sided
+//! write/read, carried by pluggable [`Stack`]s.
+//!
+//! This facade re-exports what applications use; the crates behind it are
+//! `uniplane-dataplane` (the vocabulary and traits) and `uniplane-stacks`
+//! (the transports).
 
+#![deny(missing_docs)]
+
+pub use uniplane_dataplane::{
+    codec, fault, pcap, wire, BoxLink, BoxListener, Capabilities, Endpoint, Link, LinkError,
+    LinkExt, Locator, MemoryAddress, Message, ParseUidError, Stack, StackError, Target, Uid,
+};
+
+/// The transports.
+pub mod stacks {
+    pub use uniplane_stacks::{by_name, mem, STACK_NAMES};
+}

@@ -9,7 +9,7 @@
 use bytes::{Buf, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::wire::{HeaderView, ReqType, field, HEADER_LEN};
+use crate::wire::{field, HeaderView, ReqType, HEADER_LEN};
 use crate::{LinkError, Message};
 
 /// Encoder and decoder of [`Message`]s on a byte stream.

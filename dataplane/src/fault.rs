@@ -8,8 +8,8 @@
 //! duplicated, corrupted and delayed.
 
 use std::cmp::Reverse;
-use std::future::Future;
 use std::collections::{BinaryHeap, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;

@@ -301,7 +301,10 @@ mod tests {
         assert!(Pin::new(&mut a).poll_ready(&mut cx).is_pending());
         assert_eq!(a.in_flight(), 2);
         let mut out = Vec::new();
-        assert!(matches!(b.poll_recv_batch(&mut cx, &mut out, 8), Poll::Ready(Ok(2))));
+        assert!(matches!(
+            b.poll_recv_batch(&mut cx, &mut out, 8),
+            Poll::Ready(Ok(2))
+        ));
         assert!(Pin::new(&mut a).poll_ready(&mut cx).is_ready());
     }
 
@@ -328,14 +331,18 @@ mod tests {
         let (mut a, mut b) = pair(8);
         let sender = tokio::spawn(async move {
             let mut batch: VecDeque<Message> = (0..1000).map(msg).collect();
-            crate::LinkExt::send_batch(&mut a, &mut batch).await.unwrap();
+            crate::LinkExt::send_batch(&mut a, &mut batch)
+                .await
+                .unwrap();
             a
         });
         let mut got = Vec::new();
         let mut out = Vec::new();
         while got.len() < 1000 {
             out.clear();
-            let n = crate::LinkExt::recv_batch(&mut b, &mut out, 64).await.unwrap();
+            let n = crate::LinkExt::recv_batch(&mut b, &mut out, 64)
+                .await
+                .unwrap();
             assert!(n > 0);
             got.extend(out.drain(..).map(|m| m.header().seqnum));
         }

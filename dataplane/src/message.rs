@@ -26,8 +26,8 @@ impl Message {
     /// A message of `header` and `payload`; the header's `length` (and for
     /// data-carrying memory requests, `req_length`) is set from the payload.
     pub fn new(mut header: Header, payload: Bytes) -> Result<Message, DecodeError> {
-        let length = u16::try_from(payload.len())
-            .map_err(|_| DecodeError::PayloadTooLong(payload.len()))?;
+        let length =
+            u16::try_from(payload.len()).map_err(|_| DecodeError::PayloadTooLong(payload.len()))?;
         header.length = length;
         if header.request.kind().carries_payload() {
             if let Params::Memory(p) = *header.request.params() {
@@ -55,7 +55,11 @@ impl Message {
 
     /// A one-sided READ of `length` bytes at `from`, to land at `into`
     /// (the requester's memory).
-    pub fn read(into: MemoryAddress, from: MemoryAddress, length: u16) -> Result<Message, DecodeError> {
+    pub fn read(
+        into: MemoryAddress,
+        from: MemoryAddress,
+        length: u16,
+    ) -> Result<Message, DecodeError> {
         let request = Request::read(from.addr, into.addr, length);
         Message::new(Header::new(into.uid, from.uid, request), Bytes::new())
     }

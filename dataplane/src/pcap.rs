@@ -80,8 +80,10 @@ impl<W: Write> PcapWriter<W> {
     pub fn write_message(&mut self, time: SystemTime, message: &Message) -> io::Result<()> {
         let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
         self.scratch.clear();
-        self.scratch.extend_from_slice(&uid_mac(message.header().dst));
-        self.scratch.extend_from_slice(&uid_mac(message.header().src));
+        self.scratch
+            .extend_from_slice(&uid_mac(message.header().dst));
+        self.scratch
+            .extend_from_slice(&uid_mac(message.header().src));
         self.scratch.extend_from_slice(&ETHERTYPE.to_be_bytes());
         message.encode(&mut self.scratch);
         let len = self.scratch.len() as u32;

@@ -1,10 +1,10 @@
 //! The [`Stack`] trait: a transport that opens [`Link`](crate::Link)s.
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::str::FromStr;
-use std::future::Future;
 
 use futures_core::Stream;
 

@@ -92,7 +92,12 @@ impl Uid {
     /// The server this resource lives on.
     pub const fn server(self) -> Ipv4Addr {
         let ip = (self.0 >> 16) as u32;
-        Ipv4Addr::new((ip >> 24) as u8, (ip >> 16) as u8, (ip >> 8) as u8, ip as u8)
+        Ipv4Addr::new(
+            (ip >> 24) as u8,
+            (ip >> 16) as u8,
+            (ip >> 8) as u8,
+            ip as u8,
+        )
     }
 
     /// The device number on its server.
@@ -133,7 +138,8 @@ impl FromStr for Uid {
         let server: Ipv4Addr = server
             .parse()
             .map_err(|_| ParseUidError::BadServer(server.to_owned()))?;
-        let device = parse_u16(device).ok_or_else(|| ParseUidError::BadDevice(device.to_owned()))?;
+        let device =
+            parse_u16(device).ok_or_else(|| ParseUidError::BadDevice(device.to_owned()))?;
         Ok(Uid::new(server, device))
     }
 }

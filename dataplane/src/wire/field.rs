@@ -58,8 +58,10 @@ pub const MEMORY_PARAM_FIELDS: &[FieldSpec] = &[
 ];
 
 /// Layout of `req_param` for FLSH and FLSH_CMPL.
-pub const FLUSH_PARAM_FIELDS: &[FieldSpec] =
-    &[FieldSpec::new("req_flag", 8), FieldSpec::new("reserved", 88)];
+pub const FLUSH_PARAM_FIELDS: &[FieldSpec] = &[
+    FieldSpec::new("req_flag", 8),
+    FieldSpec::new("reserved", 88),
+];
 
 /// Layout of `req_param` for READ (first beat).
 pub const READ_PARAM_FIELDS: &[FieldSpec] = &[

@@ -273,7 +273,12 @@ impl Header {
 
     /// Checks what the codec checks on decode: the rules between the fields.
     pub fn validate(&self) -> Result<(), DecodeError> {
-        check_consistency(self.request.kind, self.flags, self.length, &self.request.params)
+        check_consistency(
+            self.request.kind,
+            self.flags,
+            self.length,
+            &self.request.params,
+        )
     }
 
     /// Reads and validates a header from the start of `buf` (the payload

@@ -1,0 +1,1 @@
+//! uniplane-bench: the packet generator and benchmarks (work in progress).
