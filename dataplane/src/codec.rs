@@ -9,7 +9,7 @@
 use bytes::{Buf, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::wire::{field, HeaderView, ReqType, HEADER_LEN};
+use crate::wire::{field, Header, ReqType, HEADER_LEN};
 use crate::{LinkError, Message};
 
 /// Encoder and decoder of [`Message`]s on a byte stream.
@@ -42,8 +42,7 @@ impl Decoder for MessageCodec {
             src.reserve(header_len - src.len());
             return Ok(None);
         }
-        let view = HeaderView::new_checked(&src[..header_len])?;
-        let header = view.to_header();
+        let header = Header::decode(&src[..header_len])?;
         let total = header_len + header.length as usize;
         if src.len() < total {
             src.reserve(total - src.len());

@@ -137,10 +137,8 @@ impl Message {
     /// it occupied. The payload shares `buf`'s memory (no copy).
     #[inline]
     pub fn decode(buf: &Bytes) -> Result<(Message, usize), DecodeError> {
-        let frame = Frame::new_checked(buf.as_ref())?;
-        let header = frame.header().to_header();
-        let total = frame.total_len();
-        let payload = buf.slice(header.len()..total);
-        Ok((Message { header, payload }, total))
+        let (header, frame) = Frame::decode(buf.as_ref())?;
+        let payload = buf.slice(frame.header_len()..frame.total_len());
+        Ok((Message { header, payload }, frame.total_len()))
     }
 }

@@ -68,6 +68,12 @@ impl Uid {
         }
     }
 
+    /// The UID of the low 48 bits of `value`, ignoring the rest.
+    #[inline]
+    pub(crate) const fn from_u64_masked(value: u64) -> Self {
+        Uid(value & Self::MASK)
+    }
+
     /// The 48-bit wire value (server in the high 32 bits, device in the low 16).
     pub const fn to_u64(self) -> u64 {
         self.0

@@ -120,6 +120,28 @@ pub const fn byte_range(fields: &[FieldSpec], index: usize) -> Range<usize> {
     start..start + (fields[index].bits / 8) as usize
 }
 
+/// Bit span of field `index` of a layout: its offset from the layout's most
+/// significant bit, and its width.
+pub const fn bit_span(fields: &[FieldSpec], index: usize) -> (u32, u32) {
+    let mut start = 0;
+    let mut i = 0;
+    while i < index {
+        start += fields[i].bits;
+        i += 1;
+    }
+    (start, fields[index].bits)
+}
+
+/// Bit offset of `req_param` in the header beat.
+pub const REQ_PARAM_BIT: u32 = bit_span(HEADER_FIELDS, 6).0;
+
+/// Bit span of field `index` of a parameter layout, counted from the header
+/// beat's most significant bit.
+pub const fn param_bit_span(fields: &[FieldSpec], index: usize) -> (u32, u32) {
+    let (start, bits) = bit_span(fields, index);
+    (REQ_PARAM_BIT + start, bits)
+}
+
 const fn shift(r: Range<usize>, by: usize) -> Range<usize> {
     r.start + by..r.end + by
 }

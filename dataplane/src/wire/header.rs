@@ -1,7 +1,8 @@
 //! The owned header: [`Header`], its [`Request`] and the parameter structs.
 
-use super::field::{self, EXTENDED_HEADER_LEN};
-use super::view::HeaderView;
+use super::beat::Beat;
+use super::field::{self, EXTENDED_HEADER_LEN, HEADER_LEN};
+use super::types::{TypeInfo, TYPE_INFO};
 use super::{DecodeError, MsgFlags, ParamForm, ReqType, Status};
 use crate::Uid;
 
@@ -271,22 +272,83 @@ impl Header {
         }
     }
 
-    /// Checks what the codec checks on decode: the rules between the fields.
+    /// Checks what the codec checks on decode: the rules between the
+    /// fields. Runs the decoder's own check over the encoded header, so the
+    /// rules live in one place.
     pub fn validate(&self) -> Result<(), DecodeError> {
-        check_consistency(
-            self.request.kind,
-            self.flags,
-            self.length,
-            &self.request.params,
-        )
+        let mut buf = [0u8; EXTENDED_HEADER_LEN];
+        self.encode(&mut buf)?;
+        validate(&buf).map(drop)
     }
 
     /// Reads and validates a header from the start of `buf` (the payload
     /// need not be present).
+    ///
+    /// This is the one validating decoder: views and messages call it.
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Header, DecodeError> {
-        let view = HeaderView::new_checked(buf)?;
-        Ok(view.to_header())
+        let (beat, info) = validate(buf)?;
+        let Some(kind) = info.kind else {
+            unreachable!("validate refuses unassigned codes")
+        };
+        let flag = beat.get(span::REQ_FLAG) as u8;
+        let params = match info.form {
+            ParamForm::Port => Params::Port(PortParams {
+                flag,
+                src_port: beat.get(span::SRC_PORT) as u16,
+                dst_port: beat.get(span::DST_PORT) as u16,
+            }),
+            ParamForm::Memory => Params::Memory(MemoryParams {
+                flag,
+                length: beat.get(span::MEM_LENGTH) as u16,
+                addr: beat.get(span::MEM_ADDR) as u64,
+            }),
+            ParamForm::Config => Params::Config(ConfigParams {
+                flag,
+                reg: beat.get(span::CONFIG_REG) as u16,
+                value: beat.get(span::CONFIG_VALUE) as u64,
+            }),
+            ParamForm::Flush => Params::Flush(flag),
+            ParamForm::Read | ParamForm::Copy => {
+                // validate checked that the second beat is present.
+                let ext = buf[HEADER_LEN..]
+                    .first_chunk::<HEADER_LEN>()
+                    .map(Beat::load)
+                    .unwrap_or_default();
+                let src_addr = ext.get(span::EXT_SRC_ADDR) as u64;
+                let dst_addr = ext.get(span::EXT_DST_ADDR) as u64;
+                if info.form == ParamForm::Read {
+                    Params::Read(ReadParams {
+                        flag,
+                        length: beat.get(span::READ_LENGTH) as u16,
+                        src_addr,
+                        dst_addr,
+                    })
+                } else {
+                    Params::Copy(CopyParams {
+                        flag,
+                        length: beat.get(span::COPY_LENGTH) as u16,
+                        target: Uid::from_u64_masked(beat.get(span::COPY_UID) as u64),
+                        src_addr,
+                        dst_addr,
+                    })
+                }
+            }
+            ParamForm::Opaque => {
+                let word = (beat.get(span::REQ_PARAM)).to_be_bytes();
+                let mut raw = [0u8; 12];
+                raw.copy_from_slice(&word[4..]);
+                Params::Opaque(raw)
+            }
+        };
+        Ok(Header {
+            src: Uid::from_u64_masked(beat.get(span::SRC_UID) as u64),
+            dst: Uid::from_u64_masked(beat.get(span::DST_UID) as u64),
+            length: beat.get(span::MSG_LENGTH) as u16,
+            flags: MsgFlags::raw(beat.get(span::MSG_FLAG) as u8),
+            seqnum: beat.get(span::MSG_SEQNUM) as u32,
+            request: Request { kind, params },
+        })
     }
 
     /// Writes the header at the start of `buf`, returning its length.
@@ -296,83 +358,157 @@ impl Header {
     #[inline]
     pub fn encode(&self, buf: &mut [u8]) -> Result<usize, DecodeError> {
         let len = self.len();
-        let Some(out) = buf.get_mut(..len) else {
+        if buf.len() < len {
             return Err(DecodeError::Truncated {
                 needed: len,
                 available: buf.len(),
             });
-        };
-        let mut beat = [0u8; EXTENDED_HEADER_LEN];
-        beat[field::SRC_UID].copy_from_slice(&self.src.to_bytes());
-        beat[field::DST_UID].copy_from_slice(&self.dst.to_bytes());
-        beat[field::MSG_LENGTH].copy_from_slice(&self.length.to_be_bytes());
-        beat[field::MSG_FLAG] = self.flags.bits();
-        beat[field::MSG_SEQNUM].copy_from_slice(&self.seqnum.to_be_bytes());
-        beat[field::REQ_TYPE] = self.request.kind.to_u8();
-        beat[field::REQ_FLAG] = self.request.params.flag();
+        }
+        let mut beat = Beat::default();
+        let mut ext = Beat::default();
+        beat.put(span::SRC_UID, self.src.to_u64() as u128);
+        beat.put(span::DST_UID, self.dst.to_u64() as u128);
+        beat.put(span::MSG_LENGTH, self.length as u128);
+        beat.put(span::MSG_FLAG, self.flags.bits() as u128);
+        beat.put(span::MSG_SEQNUM, self.seqnum as u128);
+        beat.put(span::REQ_TYPE, self.request.kind.to_u8() as u128);
+        beat.put(span::REQ_FLAG, self.request.params.flag() as u128);
         match self.request.params {
             Params::Port(p) => {
-                beat[field::SRC_PORT].copy_from_slice(&p.src_port.to_be_bytes());
-                beat[field::DST_PORT].copy_from_slice(&p.dst_port.to_be_bytes());
+                beat.put(span::SRC_PORT, p.src_port as u128);
+                beat.put(span::DST_PORT, p.dst_port as u128);
             }
             Params::Memory(p) => {
-                beat[field::REQ_LENGTH].copy_from_slice(&p.length.to_be_bytes());
-                beat[field::MEM_ADDR].copy_from_slice(&p.addr.to_be_bytes());
+                beat.put(span::MEM_LENGTH, p.length as u128);
+                beat.put(span::MEM_ADDR, p.addr as u128);
             }
             Params::Config(p) => {
-                beat[field::REQ_LENGTH].copy_from_slice(&p.reg.to_be_bytes());
-                beat[field::MEM_ADDR].copy_from_slice(&p.value.to_be_bytes());
+                beat.put(span::CONFIG_REG, p.reg as u128);
+                beat.put(span::CONFIG_VALUE, p.value as u128);
             }
             Params::Flush(_) => {}
             Params::Read(p) => {
-                beat[field::REQ_LENGTH].copy_from_slice(&p.length.to_be_bytes());
-                beat[field::EXT_SRC_ADDR].copy_from_slice(&p.src_addr.to_be_bytes());
-                beat[field::EXT_DST_ADDR].copy_from_slice(&p.dst_addr.to_be_bytes());
+                beat.put(span::READ_LENGTH, p.length as u128);
+                ext.put(span::EXT_SRC_ADDR, p.src_addr as u128);
+                ext.put(span::EXT_DST_ADDR, p.dst_addr as u128);
             }
             Params::Copy(p) => {
-                beat[field::REQ_LENGTH].copy_from_slice(&p.length.to_be_bytes());
-                beat[field::COPY_UID].copy_from_slice(&p.target.to_bytes());
-                beat[field::EXT_SRC_ADDR].copy_from_slice(&p.src_addr.to_be_bytes());
-                beat[field::EXT_DST_ADDR].copy_from_slice(&p.dst_addr.to_be_bytes());
+                beat.put(span::COPY_LENGTH, p.length as u128);
+                beat.put(span::COPY_UID, p.target.to_u64() as u128);
+                ext.put(span::EXT_SRC_ADDR, p.src_addr as u128);
+                ext.put(span::EXT_DST_ADDR, p.dst_addr as u128);
             }
-            Params::Opaque(raw) => beat[field::REQ_PARAM].copy_from_slice(&raw),
+            Params::Opaque(raw) => {
+                let mut word = [0u8; 16];
+                word[4..].copy_from_slice(&raw);
+                beat.put(span::REQ_PARAM, u128::from_be_bytes(word));
+            }
         }
-        out.copy_from_slice(&beat[..len]);
+        let (first, rest) = buf.split_at_mut(HEADER_LEN);
+        if let Some(first) = first.first_chunk_mut::<HEADER_LEN>() {
+            beat.store(first);
+        }
+        if len == EXTENDED_HEADER_LEN {
+            if let Some(second) = rest.first_chunk_mut::<HEADER_LEN>() {
+                ext.store(second);
+            }
+        }
         Ok(len)
     }
 }
 
-/// The rules between fields that hold for every valid header.
-#[inline]
-pub(super) fn check_consistency(
-    kind: ReqType,
-    flags: MsgFlags,
-    length: u16,
-    params: &Params,
-) -> Result<(), DecodeError> {
-    if flags.bits() & MsgFlags::RESERVED_MASK != 0 {
-        return Err(DecodeError::ReservedFlagBits(flags.bits()));
+/// Bit spans of every field, from the tables in [`field`].
+mod span {
+    use super::field::{
+        bit_span, param_bit_span, CONFIG_PARAM_FIELDS, COPY_PARAM_FIELDS, HEADER_FIELDS,
+        MEMORY_PARAM_FIELDS, PORT_PARAM_FIELDS, READ_PARAM_FIELDS, SECOND_BEAT_FIELDS,
+    };
+
+    type Span = (u32, u32);
+    pub const SRC_UID: Span = bit_span(HEADER_FIELDS, 0);
+    pub const DST_UID: Span = bit_span(HEADER_FIELDS, 1);
+    pub const MSG_LENGTH: Span = bit_span(HEADER_FIELDS, 2);
+    pub const MSG_FLAG: Span = bit_span(HEADER_FIELDS, 3);
+    pub const MSG_SEQNUM: Span = bit_span(HEADER_FIELDS, 4);
+    pub const REQ_TYPE: Span = bit_span(HEADER_FIELDS, 5);
+    pub const REQ_PARAM: Span = bit_span(HEADER_FIELDS, 6);
+    pub const REQ_FLAG: Span = param_bit_span(PORT_PARAM_FIELDS, 0);
+    pub const SRC_PORT: Span = param_bit_span(PORT_PARAM_FIELDS, 1);
+    pub const DST_PORT: Span = param_bit_span(PORT_PARAM_FIELDS, 2);
+    pub const MEM_LENGTH: Span = param_bit_span(MEMORY_PARAM_FIELDS, 1);
+    pub const MEM_ADDR: Span = param_bit_span(MEMORY_PARAM_FIELDS, 2);
+    pub const CONFIG_REG: Span = param_bit_span(CONFIG_PARAM_FIELDS, 1);
+    pub const CONFIG_VALUE: Span = param_bit_span(CONFIG_PARAM_FIELDS, 2);
+    pub const READ_LENGTH: Span = param_bit_span(READ_PARAM_FIELDS, 1);
+    pub const COPY_LENGTH: Span = param_bit_span(COPY_PARAM_FIELDS, 1);
+    // `validate` reads the length of READ and COPY at one span.
+    const _: () = assert!(READ_LENGTH.0 == COPY_LENGTH.0 && READ_LENGTH.1 == COPY_LENGTH.1);
+    pub const COPY_UID: Span = param_bit_span(COPY_PARAM_FIELDS, 2);
+    pub const EXT_SRC_ADDR: Span = bit_span(SECOND_BEAT_FIELDS, 0);
+    pub const EXT_DST_ADDR: Span = bit_span(SECOND_BEAT_FIELDS, 1);
+    pub const EXT_RESERVED: Span = bit_span(SECOND_BEAT_FIELDS, 2);
+}
+
+/// The one check of an encoded header: its length, the type code, the
+/// reserved bits and the rules between fields. Returns the first beat and
+/// what the table says of its type.
+#[inline(always)]
+pub(super) fn validate(buf: &[u8]) -> Result<(Beat, &'static TypeInfo), DecodeError> {
+    let Some(first) = buf.first_chunk::<HEADER_LEN>() else {
+        return Err(DecodeError::Truncated {
+            needed: HEADER_LEN,
+            available: buf.len(),
+        });
+    };
+    let beat = Beat::load(first);
+    let code = beat.get(span::REQ_TYPE) as u8;
+    let info = &TYPE_INFO[code as usize];
+    let Some(kind) = info.kind else {
+        return Err(DecodeError::UnknownRequestType(code));
+    };
+    if beat.low() & info.reserved != 0 {
+        return Err(DecodeError::ReservedParamBits { req_type: kind });
     }
-    if length != 0 && !kind.carries_payload() {
+    let flags = beat.get(span::MSG_FLAG) as u8;
+    if flags & MsgFlags::RESERVED_MASK != 0 {
+        return Err(DecodeError::ReservedFlagBits(flags));
+    }
+    let length = beat.get(span::MSG_LENGTH) as u16;
+    if length != 0 && !info.carries_payload {
         return Err(DecodeError::PayloadNotAllowed {
             req_type: kind,
             length,
         });
     }
-    if flags.contains(MsgFlags::ERROR) && !kind.is_answer() {
+    if flags & MsgFlags::ERROR.bits() != 0 && !info.is_answer {
         return Err(DecodeError::ErrorFlagOnRequest { req_type: kind });
     }
-    match params {
-        Params::Memory(p) if kind.carries_payload() && p.length != length => {
-            Err(DecodeError::LengthMismatch {
-                req_type: kind,
-                param_length: p.length,
-                msg_length: length,
-            })
+    match info.form {
+        ParamForm::Memory if info.carries_payload => {
+            let param_length = beat.get(span::MEM_LENGTH) as u16;
+            if param_length != length {
+                return Err(DecodeError::LengthMismatch {
+                    req_type: kind,
+                    param_length,
+                    msg_length: length,
+                });
+            }
         }
-        Params::Read(ReadParams { length: 0, .. }) | Params::Copy(CopyParams { length: 0, .. }) => {
-            Err(DecodeError::ZeroLength { req_type: kind })
+        ParamForm::Read | ParamForm::Copy => {
+            let Some(second) = buf[HEADER_LEN..].first_chunk::<HEADER_LEN>() else {
+                return Err(DecodeError::Truncated {
+                    needed: EXTENDED_HEADER_LEN,
+                    available: buf.len(),
+                });
+            };
+            if !Beat::load(second).is_zero(span::EXT_RESERVED) {
+                return Err(DecodeError::ReservedParamBits { req_type: kind });
+            }
+            if beat.get(span::READ_LENGTH) == 0 {
+                return Err(DecodeError::ZeroLength { req_type: kind });
+            }
         }
-        _ => Ok(()),
+        _ => {}
     }
+    Ok((beat, info))
 }

@@ -7,6 +7,7 @@
 //! beat with the addresses. `docs/wire-format.md` shows the table and
 //! encoded examples.
 
+mod beat;
 pub mod field;
 mod header;
 mod types;

@@ -138,6 +138,61 @@ req_types! {
     Notify = 0x43, "NOTIFY", Port, data;
 }
 
+/// What the decoder needs to know of a type code, found with one load.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TypeInfo {
+    pub(crate) kind: Option<ReqType>,
+    pub(crate) form: ParamForm,
+    pub(crate) carries_payload: bool,
+    pub(crate) is_answer: bool,
+    /// Reserved bits of `req_param`, as a mask over the low 128 bits of the
+    /// first beat.
+    pub(crate) reserved: u128,
+}
+
+/// The reserved bits of a parameter layout (its last field), as a mask over
+/// the low 128 bits of the first beat.
+const fn reserved_mask(form: ParamForm) -> u128 {
+    use super::field::*;
+    let fields = match form {
+        ParamForm::Port => PORT_PARAM_FIELDS,
+        ParamForm::Memory => MEMORY_PARAM_FIELDS,
+        ParamForm::Flush => FLUSH_PARAM_FIELDS,
+        ParamForm::Read => READ_PARAM_FIELDS,
+        ParamForm::Copy => COPY_PARAM_FIELDS,
+        ParamForm::Config => CONFIG_PARAM_FIELDS,
+        ParamForm::Opaque => return 0,
+    };
+    let (start, bits) = param_bit_span(fields, fields.len() - 1);
+    assert!(start >= 128 && bits < 128);
+    ((1u128 << bits) - 1) << (256 - (start + bits))
+}
+
+/// [`TypeInfo`] of every code, built at compile time from [`ReqType`].
+pub(crate) static TYPE_INFO: [TypeInfo; 256] = {
+    let mut table = [TypeInfo {
+        kind: None,
+        form: ParamForm::Opaque,
+        carries_payload: false,
+        is_answer: false,
+        reserved: 0,
+    }; 256];
+    let mut code = 0;
+    while code < 256 {
+        if let Some(kind) = ReqType::from_u8(code as u8) {
+            table[code] = TypeInfo {
+                kind: Some(kind),
+                form: kind.form(),
+                carries_payload: kind.carries_payload(),
+                is_answer: kind.is_answer(),
+                reserved: reserved_mask(kind.form()),
+            };
+        }
+        code += 1;
+    }
+    table
+};
+
 impl ReqType {
     /// Whether this type answers another (a completion, ACCEPT, NOTIFY or
     /// CLOSE): only these may carry the ERROR flag and a non-zero status.

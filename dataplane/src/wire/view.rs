@@ -1,15 +1,12 @@
 //! Zero-copy views over encoded bytes, in the style of smoltcp's `wire`.
 //!
-//! [`HeaderView::new_checked`] validates a header once; the accessors then
-//! read fields in place with no copy and no further checks. [`Frame`] adds
-//! the payload: a header followed by `msg_length` bytes.
+//! [`HeaderView::new_checked`] validates a header once (with
+//! [`Header::decode`], the one validating decoder); the accessors then read
+//! fields in place with no copy and no further checks. [`Frame`] adds the
+//! payload: a header followed by `msg_length` bytes.
 
-use super::field::{self, HEADER_LEN};
-use super::header::{
-    check_consistency, ConfigParams, CopyParams, Header, MemoryParams, Params, PortParams,
-    ReadParams, Request,
-};
-use super::{DecodeError, MsgFlags, ParamForm, ReqType};
+use super::field;
+use super::{DecodeError, Header, MsgFlags, ReqType};
 use crate::Uid;
 
 #[inline]
@@ -18,25 +15,8 @@ fn be16(b: &[u8], at: usize) -> u16 {
 }
 
 #[inline]
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-#[inline]
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(x)
-}
-
-#[inline]
 fn uid(b: &[u8], at: usize) -> Uid {
     Uid::from_bytes([b[at], b[at + 1], b[at + 2], b[at + 3], b[at + 4], b[at + 5]])
-}
-
-#[inline]
-fn all_zero(b: &[u8]) -> bool {
-    b.iter().fold(0u8, |acc, x| acc | x) == 0
 }
 
 /// A view of an encoded header (one beat, or two for READ and COPY).
@@ -46,9 +26,9 @@ pub struct HeaderView<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> HeaderView<T> {
-    /// Wraps `buffer` without checking it: accessors may panic on a short
-    /// buffer and return garbage on an invalid one. Use for buffers this
-    /// process encoded itself.
+    /// Wraps `buffer` without checking it: accessors may panic on a buffer
+    /// shorter than a header and return garbage on an invalid one. Use for
+    /// buffers this process encoded itself.
     pub const fn new_unchecked(buffer: T) -> Self {
         HeaderView { buffer }
     }
@@ -56,46 +36,14 @@ impl<T: AsRef<[u8]>> HeaderView<T> {
     /// Wraps `buffer` after checking that it starts with a valid header.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, DecodeError> {
-        let view = HeaderView { buffer };
-        view.check()?;
-        Ok(view)
+        super::header::validate(buffer.as_ref())?;
+        Ok(HeaderView { buffer })
     }
 
     /// Checks the buffer: its length, the type, the reserved bits and the
     /// rules between fields. Everything the accessors rely on.
     pub fn check(&self) -> Result<(), DecodeError> {
-        let b = self.buffer.as_ref();
-        if b.len() < HEADER_LEN {
-            return Err(DecodeError::Truncated {
-                needed: HEADER_LEN,
-                available: b.len(),
-            });
-        }
-        let code = b[field::REQ_TYPE];
-        let kind = ReqType::from_u8(code).ok_or(DecodeError::UnknownRequestType(code))?;
-        let needed = kind.header_len();
-        if b.len() < needed {
-            return Err(DecodeError::Truncated {
-                needed,
-                available: b.len(),
-            });
-        }
-        let reserved_clear = match kind.form() {
-            ParamForm::Port => all_zero(&b[field::PORT_RESERVED]),
-            ParamForm::Memory | ParamForm::Config => b[field::MEM_RESERVED.start] == 0,
-            ParamForm::Flush => all_zero(&b[field::FLUSH_RESERVED]),
-            ParamForm::Read => {
-                all_zero(&b[field::READ_RESERVED]) && all_zero(&b[field::EXT_RESERVED])
-            }
-            ParamForm::Copy => {
-                all_zero(&b[field::COPY_RESERVED]) && all_zero(&b[field::EXT_RESERVED])
-            }
-            ParamForm::Opaque => true,
-        };
-        if !reserved_clear {
-            return Err(DecodeError::ReservedParamBits { req_type: kind });
-        }
-        check_consistency(kind, self.flags(), self.msg_length(), &self.params(kind))
+        super::header::validate(self.buffer.as_ref()).map(drop)
     }
 
     /// Consumes the view, returning the buffer.
@@ -130,10 +78,13 @@ impl<T: AsRef<[u8]>> HeaderView<T> {
     /// Sequence number.
     #[inline]
     pub fn seqnum(&self) -> u32 {
-        be32(self.buffer.as_ref(), field::MSG_SEQNUM.start)
+        let b = self.buffer.as_ref();
+        let at = field::MSG_SEQNUM.start;
+        u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
     }
 
-    /// Request type. Only meaningful on a checked view.
+    /// Request type. On an unchecked view, an unassigned code reads as a
+    /// user type.
     #[inline]
     pub fn req_type(&self) -> ReqType {
         let code = self.buffer.as_ref()[field::REQ_TYPE];
@@ -152,64 +103,10 @@ impl<T: AsRef<[u8]>> HeaderView<T> {
         &self.buffer.as_ref()[field::REQ_PARAM]
     }
 
-    fn params(&self, kind: ReqType) -> Params {
-        let b = self.buffer.as_ref();
-        let flag = b[field::REQ_FLAG];
-        let length = be16(b, field::REQ_LENGTH.start);
-        match kind.form() {
-            ParamForm::Port => Params::Port(PortParams {
-                flag,
-                src_port: be16(b, field::SRC_PORT.start),
-                dst_port: be16(b, field::DST_PORT.start),
-            }),
-            ParamForm::Memory => Params::Memory(MemoryParams {
-                flag,
-                length,
-                addr: be64(b, field::MEM_ADDR.start),
-            }),
-            ParamForm::Config => Params::Config(ConfigParams {
-                flag,
-                reg: length,
-                value: be64(b, field::MEM_ADDR.start),
-            }),
-            ParamForm::Flush => Params::Flush(flag),
-            ParamForm::Read => Params::Read(ReadParams {
-                flag,
-                length,
-                src_addr: be64(b, field::EXT_SRC_ADDR.start),
-                dst_addr: be64(b, field::EXT_DST_ADDR.start),
-            }),
-            ParamForm::Copy => Params::Copy(CopyParams {
-                flag,
-                length,
-                target: uid(b, field::COPY_UID.start),
-                src_addr: be64(b, field::EXT_SRC_ADDR.start),
-                dst_addr: be64(b, field::EXT_DST_ADDR.start),
-            }),
-            ParamForm::Opaque => {
-                let mut raw = [0u8; 12];
-                raw.copy_from_slice(&b[field::REQ_PARAM]);
-                Params::Opaque(raw)
-            }
-        }
-    }
-
-    /// The owned header. Only meaningful on a checked view.
+    /// The owned header (decoded again; cheap).
     #[inline]
-    pub fn to_header(&self) -> Header {
-        let kind = self.req_type();
-        Header {
-            src: self.src_uid(),
-            dst: self.dst_uid(),
-            length: self.msg_length(),
-            flags: self.flags(),
-            seqnum: self.seqnum(),
-            request: match Request::new(kind, self.params(kind)) {
-                Ok(r) => r,
-                // params() always builds the layout of `kind`.
-                Err(_) => unreachable!("params() follows kind.form()"),
-            },
-        }
+    pub fn to_header(&self) -> Result<Header, DecodeError> {
+        Header::decode(self.buffer.as_ref())
     }
 }
 
@@ -239,7 +136,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> HeaderView<T> {
 /// datagram); [`Frame::total_len`] says where this one ends.
 #[derive(Clone, Copy, Debug)]
 pub struct Frame<T: AsRef<[u8]>> {
-    header: HeaderView<T>,
+    buffer: T,
+    header_len: usize,
+    total_len: usize,
 }
 
 impl<T: AsRef<[u8]>> Frame<T> {
@@ -247,36 +146,60 @@ impl<T: AsRef<[u8]>> Frame<T> {
     /// is present.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, DecodeError> {
-        let header = HeaderView::new_checked(buffer)?;
-        let needed = header.header_len() + header.msg_length() as usize;
-        let available = header.buffer.as_ref().len();
-        if available < needed {
-            return Err(DecodeError::Truncated { needed, available });
+        let (_, frame) = Self::decode(buffer)?;
+        Ok(frame)
+    }
+
+    /// Checks `buffer` like [`Frame::new_checked`] and returns the decoded
+    /// header with the view.
+    #[inline]
+    pub fn decode(buffer: T) -> Result<(Header, Self), DecodeError> {
+        let header = Header::decode(buffer.as_ref())?;
+        let header_len = header.len();
+        let total_len = header_len + header.length as usize;
+        let available = buffer.as_ref().len();
+        if available < total_len {
+            return Err(DecodeError::Truncated {
+                needed: total_len,
+                available,
+            });
         }
-        Ok(Frame { header })
+        Ok((
+            header,
+            Frame {
+                buffer,
+                header_len,
+                total_len,
+            },
+        ))
     }
 
     /// The header view.
     #[inline]
-    pub fn header(&self) -> &HeaderView<T> {
-        &self.header
+    pub fn header(&self) -> HeaderView<&[u8]> {
+        HeaderView::new_unchecked(&self.buffer.as_ref()[..self.header_len])
+    }
+
+    /// Bytes of the header: 32 or 64.
+    #[inline]
+    pub fn header_len(&self) -> usize {
+        self.header_len
     }
 
     /// Bytes this message occupies: header plus payload.
     #[inline]
     pub fn total_len(&self) -> usize {
-        self.header.header_len() + self.header.msg_length() as usize
+        self.total_len
     }
 
     /// The payload.
     #[inline]
     pub fn payload(&self) -> &[u8] {
-        let start = self.header.header_len();
-        &self.header.buffer.as_ref()[start..self.total_len()]
+        &self.buffer.as_ref()[self.header_len..self.total_len]
     }
 
     /// Consumes the view, returning the buffer.
     pub fn into_inner(self) -> T {
-        self.header.buffer
+        self.buffer
     }
 }
