@@ -441,3 +441,31 @@ fn status_of_an_error_answer_comes_from_req_flag() {
     h.flags = h.flags | MsgFlags::ERROR;
     assert_eq!(h.status(), uniplane_dataplane::wire::Status::NoRoute);
 }
+
+/// The hex dump in the fenced block ```hexdump NAME of docs/wire-format.md.
+fn doc_dump(name: &str) -> Vec<u8> {
+    let doc = include_str!("../../docs/wire-format.md");
+    let fence = format!("```hexdump {name}\n");
+    let start = doc.find(&fence).expect("dump present") + fence.len();
+    let end = start + doc[start..].find("```").expect("dump closed");
+    doc[start..end]
+        .lines()
+        .flat_map(|line| line.split_whitespace().skip(1))
+        .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+        .collect()
+}
+
+#[test]
+fn docs_hex_dumps_match_the_encoder() {
+    let mut s = send();
+    s.set_seqnum(42);
+    assert_eq!(doc_dump("send"), encode(&s).to_vec());
+    let mut w = Message::write(
+        uid("10.0.0.7:3"),
+        uid("10.0.0.7:5").at(0x1000),
+        Bytes::from_static(&[0xde, 0xad, 0xbe, 0xef]),
+    )
+    .unwrap();
+    w.set_seqnum(7);
+    assert_eq!(doc_dump("write"), encode(&w).to_vec());
+}
