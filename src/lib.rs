@@ -20,3 +20,8 @@ pub use uniplane_dataplane::{
 pub mod stacks {
     pub use uniplane_stacks::{by_name, mem, STACK_NAMES};
 }
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
