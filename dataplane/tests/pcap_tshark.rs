@@ -33,7 +33,8 @@ async fn tshark_reads_every_captured_message() {
     let src: Uid = "10.0.0.7:3".parse().unwrap();
     let dst: Uid = "10.0.0.9:1".parse().unwrap();
     for i in 0..5usize {
-        let m = Message::send(src.port(80), dst.port(443), Bytes::from(vec![0x5a; 10 * i])).unwrap();
+        let m =
+            Message::send(src.port(80), dst.port(443), Bytes::from(vec![0x5a; 10 * i])).unwrap();
         cap.send(m).await.unwrap();
     }
     let back = Message::write(dst, src.at(0x40), Bytes::from_static(b"pong")).unwrap();
@@ -45,11 +46,24 @@ async fn tshark_reads_every_captured_message() {
     let out = Command::new("tshark")
         .arg("-r")
         .arg(&path)
-        .args(["-T", "fields", "-e", "eth.type", "-e", "frame.len", "-e", "eth.src"])
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "eth.type",
+            "-e",
+            "frame.len",
+            "-e",
+            "eth.src",
+        ])
         .output()
         .expect("tshark runs");
     std::fs::remove_file(&path).ok();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
     assert_eq!(rows.len(), 6, "{text}");
