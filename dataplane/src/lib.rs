@@ -8,6 +8,10 @@
 //! - [`Link`] and [`Stack`]: the traits every transport implements; [`mem`]:
 //!   the in-memory link.
 //! - [`fault`] and [`pcap`]: link middleware for fault injection and capture.
+//! - [`ring`]: the bounded single-producer single-consumer ring between
+//!   applications, stacks and the engine; [`sched`]: the output
+//!   schedulers (round-robin, weighted deficit round-robin, strict priority)
+//!   the overlay and the underlay share.
 //!
 //! ```
 //! use uniplane_dataplane::{Message, Endpoint};
@@ -31,7 +35,9 @@ pub mod link;
 pub mod mem;
 mod message;
 pub mod pcap;
+pub mod ring;
 mod rng;
+pub mod sched;
 pub mod stack;
 mod uid;
 pub mod wire;

@@ -215,6 +215,25 @@ impl ReqType {
         )
     }
 
+    /// The type that answers a request of this type (SEND → SEND_CMPL,
+    /// CONNECT → ACCEPT, …), or `None` for types that are answers
+    /// themselves and for user types: nobody answers an answer.
+    pub const fn answer(self) -> Option<ReqType> {
+        Some(match self {
+            ReqType::Send => ReqType::SendCmpl,
+            ReqType::Recv => ReqType::RecvCmpl,
+            ReqType::Write => ReqType::WriteCmpl,
+            ReqType::Read => ReqType::ReadCmpl,
+            ReqType::Flush => ReqType::FlushCmpl,
+            ReqType::Copy | ReqType::CopyWrite => ReqType::CopyCmpl,
+            ReqType::Config | ReqType::Update => ReqType::ConfigCmpl,
+            ReqType::Push => ReqType::PushCmpl,
+            ReqType::Forward => ReqType::Notify,
+            ReqType::Connect => ReqType::Accept,
+            _ => return None,
+        })
+    }
+
     /// Whether the header of this type has the second 32-byte beat.
     #[inline]
     pub const fn has_second_beat(self) -> bool {
@@ -420,6 +439,17 @@ mod tests {
         assert_eq!(ReqType::Read.to_u8(), 0x07);
         assert_eq!(ReqType::Copy.to_u8(), 0x0b);
         assert_eq!(ReqType::Update.to_u8(), 0x13);
+    }
+
+    #[test]
+    fn answers_are_answers_and_are_not_answered() {
+        for t in ReqType::ALL {
+            if let Some(a) = t.answer() {
+                assert!(a.is_answer(), "{t} -> {a}");
+                assert_eq!(a.answer(), None, "{a} must not be answered");
+            }
+        }
+        assert_eq!(ReqType::Write.answer(), Some(ReqType::WriteCmpl));
     }
 
     #[test]
