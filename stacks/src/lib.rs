@@ -2,25 +2,37 @@
 //! and [`Link`](uniplane_dataplane::Link) traits.
 //!
 //! - [`mem`]: in-process links over bounded lock-free queues.
+//! - [`udp`]: overlay messages packed into UDP datagrams; unreliable,
+//!   unordered; epoll (`recvmmsg`/`sendmmsg`, GSO/GRO) or io_uring.
+//! - [`tcp`]: overlay messages framed on TCP streams; reliable, ordered.
+//! - [`ltl`]: a reliable, ordered transport in the spirit of Catapult's
+//!   Lightweight Transport Layer, over any [`datagram::DatagramPort`].
+//! - [`datagram`]: the frame-level port trait datagram stacks share, and a
+//!   seeded impaired path for tests.
 //!
 //! Stacks are found by name through [`by_name`], which is how configuration
 //! files pick them.
 
 #![deny(missing_docs)]
 
+pub mod datagram;
 pub mod mem;
+pub mod tcp;
+pub mod udp;
 
 use std::sync::Arc;
 
 use uniplane_dataplane::Stack;
 
 /// Names of the stacks this build provides.
-pub const STACK_NAMES: &[&str] = &["mem"];
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp"];
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
     match name {
         "mem" => Some(Arc::new(mem::MemStack::new())),
+        "udp" => Some(Arc::new(udp::UdpStack::new())),
+        "tcp" => Some(Arc::new(tcp::TcpStack::new())),
         _ => None,
     }
 }

@@ -1,0 +1,1 @@
+//! Network-namespace test harness for uniplane's multi-server tests (in progress).

@@ -1,0 +1,162 @@
+//! The `udp` stack on loopback: packing, bursts, both backends, and what
+//! happens to garbage.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::net::UdpSocket;
+
+use common::{msg, tools_required, within};
+use futures_util::{SinkExt, StreamExt};
+use uniplane_dataplane::{LinkError, LinkExt, Locator};
+use uniplane_stacks::udp::{uring, Backend, UdpConfig, UdpStack};
+
+fn loopback() -> Locator {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+async fn exchange(stack: UdpStack, n: u32) {
+    let mut listener = stack.listen_now(&loopback()).unwrap();
+    let server_addr = Locator::Socket(listener.local_addr());
+    let mut client = stack.connect_now(&server_addr).unwrap();
+    let mut batch: VecDeque<_> = (0..n).map(|i| msg(i, 40)).collect();
+    client.send_batch(&mut batch).await.unwrap();
+    let mut server = within(5, listener.next()).await.unwrap().unwrap();
+    let mut got = Vec::new();
+    while got.len() < n as usize {
+        let mut out = Vec::new();
+        within(5, server.recv_batch(&mut out, 256)).await.unwrap();
+        got.extend(out.into_iter().map(|m| m.header().seqnum));
+    }
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    // And back, over the server's own connected socket.
+    server.send(msg(7, 10)).await.unwrap();
+    let back = within(5, client.next()).await.unwrap().unwrap();
+    assert_eq!(back.header().seqnum, 7);
+}
+
+#[tokio::test]
+async fn a_listener_yields_a_link_per_peer_and_both_directions_work() {
+    exchange(UdpStack::new(), 300).await;
+}
+
+#[tokio::test]
+async fn many_small_messages_share_a_datagram() {
+    let stack = UdpStack::new();
+    exchange(stack.clone(), 300).await;
+    let s = stack.stats();
+    assert_eq!(s.tx_messages, 301);
+    // 72-byte messages, 20 to a 1472-byte datagram.
+    assert!(s.tx_datagrams <= 20, "{s:?}");
+    assert_eq!(s.rx_messages, 301);
+    assert_eq!(s.malformed, 0);
+}
+
+#[tokio::test]
+async fn without_packing_every_message_is_a_datagram() {
+    let stack = UdpStack::with_config(UdpConfig {
+        pack: false,
+        ..UdpConfig::default()
+    });
+    exchange(stack.clone(), 50).await;
+    assert_eq!(stack.stats().tx_datagrams, 51);
+}
+
+#[tokio::test]
+async fn without_offloads_the_same_messages_arrive() {
+    let stack = UdpStack::with_config(UdpConfig {
+        gso: false,
+        gro: false,
+        ..UdpConfig::default()
+    });
+    exchange(stack, 200).await;
+}
+
+#[tokio::test]
+async fn the_io_uring_backend_carries_the_same_traffic() {
+    if !uring::available() {
+        assert!(!tools_required(), "io_uring is refused by this kernel");
+        eprintln!("io_uring refused by this kernel: skipping");
+        return;
+    }
+    let stack = UdpStack::with_config(UdpConfig {
+        backend: Backend::IoUring,
+        ..UdpConfig::default()
+    });
+    exchange(stack, 500).await;
+}
+
+#[tokio::test]
+async fn garbage_from_a_new_peer_is_counted_and_opens_no_link() {
+    let stack = UdpStack::new();
+    let mut listener = stack.listen_now(&loopback()).unwrap();
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    raw.send_to(b"definitely not a message", listener.local_addr())
+        .unwrap();
+    raw.send_to(&[], listener.local_addr()).unwrap();
+    // A valid message afterwards proves the garbage was read first.
+    let mut good = bytes::BytesMut::new();
+    msg(1, 8).encode(&mut good);
+    raw.send_to(&good, listener.local_addr()).unwrap();
+    let mut link = within(5, listener.next()).await.unwrap().unwrap();
+    assert_eq!(link.next().await.unwrap().unwrap().header().seqnum, 1);
+    assert_eq!(stack.stats().malformed, 2);
+}
+
+#[tokio::test]
+async fn a_datagram_with_trailing_garbage_is_dropped_whole() {
+    let stack = UdpStack::new();
+    let mut listener = stack.listen_now(&loopback()).unwrap();
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut first = bytes::BytesMut::new();
+    msg(1, 8).encode(&mut first);
+    raw.send_to(&first, listener.local_addr()).unwrap();
+    let mut link = within(5, listener.next()).await.unwrap().unwrap();
+    assert_eq!(link.next().await.unwrap().unwrap().header().seqnum, 1);
+
+    let mut bad = bytes::BytesMut::new();
+    msg(2, 8).encode(&mut bad);
+    bad.extend_from_slice(&[0xff; 5]);
+    raw.send_to(&bad, listener.local_addr()).unwrap();
+    let mut good = bytes::BytesMut::new();
+    msg(3, 8).encode(&mut good);
+    raw.send_to(&good, listener.local_addr()).unwrap();
+    assert_eq!(
+        within(5, link.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .header()
+            .seqnum,
+        3
+    );
+    assert_eq!(stack.stats().malformed, 1);
+}
+
+#[tokio::test]
+async fn a_message_larger_than_a_datagram_is_refused() {
+    let stack = UdpStack::new();
+    let mut link = stack.connect_now(&"127.0.0.1:9".parse().unwrap()).unwrap();
+    let err = link.send(msg(0, 2000)).await.unwrap_err();
+    assert!(
+        matches!(err, LinkError::TooLarge { limit: 1472, .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn udp_by_name_is_unreliable_and_unordered() {
+    let stack = uniplane_stacks::by_name("udp").unwrap();
+    let caps = stack.capabilities();
+    assert!(!caps.reliable && !caps.ordered);
+    assert_eq!(caps.mtu, 1472);
+    let err = stack
+        .connect(&Locator::Name("x".into()))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(
+        err,
+        uniplane_dataplane::StackError::UnsupportedLocator { .. }
+    ));
+}
