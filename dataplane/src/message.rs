@@ -3,8 +3,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::wire::{
-    DecodeError, Frame, Header, MemoryParams, MsgFlags, Params, ReqType, Request,
-    EXTENDED_HEADER_LEN,
+    ConfigParams, DecodeError, Frame, Header, MemoryParams, MsgFlags, ParamForm, Params,
+    PortParams, ReqType, Request, Status, EXTENDED_HEADER_LEN,
 };
 use crate::{Endpoint, MemoryAddress, Uid};
 
@@ -62,6 +62,65 @@ impl Message {
     ) -> Result<Message, DecodeError> {
         let request = Request::read(from.addr, into.addr, length);
         Message::new(Header::new(into.uid, from.uid, request), Bytes::new())
+    }
+
+    /// The answer that reports `status` to this message's sender: the
+    /// matching completion (SEND → SEND_CMPL, WRTE → WRTE_CMPL, CONNECT →
+    /// ACCEPT, …) from the destination back to the source, with the ERROR
+    /// flag, the status in `req_flag`, the same sequence number and no
+    /// payload. `None` for messages that are answers themselves: nobody
+    /// answers an answer, so errors cannot loop.
+    pub fn error_answer(&self, status: Status) -> Option<Message> {
+        let h = &self.header;
+        let kind = h.request.kind().answer()?;
+        let flag = status.to_u8();
+        let params = match (*h.request.params(), kind.form()) {
+            (Params::Port(p), ParamForm::Port) => Params::Port(PortParams {
+                flag,
+                src_port: p.dst_port,
+                dst_port: p.src_port,
+            }),
+            (Params::Memory(p), ParamForm::Memory) => Params::Memory(MemoryParams {
+                flag,
+                length: 0,
+                addr: p.addr,
+            }),
+            (Params::Read(p), ParamForm::Memory) => Params::Memory(MemoryParams {
+                flag,
+                length: 0,
+                addr: p.dst_addr,
+            }),
+            (Params::Copy(p), ParamForm::Memory) => Params::Memory(MemoryParams {
+                flag,
+                length: 0,
+                addr: p.dst_addr,
+            }),
+            (Params::Config(p), ParamForm::Config) => Params::Config(ConfigParams {
+                flag,
+                reg: p.reg,
+                value: 0,
+            }),
+            (Params::Flush(_), ParamForm::Flush) => Params::Flush(flag),
+            (_, ParamForm::Port) => Params::Port(PortParams {
+                flag,
+                ..PortParams::default()
+            }),
+            (_, ParamForm::Memory) => Params::Memory(MemoryParams {
+                flag,
+                ..MemoryParams::default()
+            }),
+            (_, ParamForm::Config) => Params::Config(ConfigParams {
+                flag,
+                ..ConfigParams::default()
+            }),
+            _ => return None,
+        };
+        let mut header = Header::new(h.dst, h.src, Request::new(kind, params).ok()?);
+        header.seqnum = h.seqnum;
+        if status != Status::Ok {
+            header.flags = header.flags.with(MsgFlags::ERROR);
+        }
+        Message::new(header, Bytes::new()).ok()
     }
 
     /// The header.

@@ -3,6 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use tokio_util::codec::{Decoder, Encoder};
 use uniplane_dataplane::codec::MessageCodec;
 use uniplane_dataplane::wire::{
@@ -468,4 +469,26 @@ fn docs_hex_dumps_match_the_encoder() {
     .unwrap();
     w.set_seqnum(7);
     assert_eq!(doc_dump("write"), encode(&w).to_vec());
+}
+
+#[test]
+fn every_request_has_a_valid_error_answer_and_answers_have_none() {
+    use uniplane_dataplane::wire::Status;
+    let mut runner = proptest::test_runner::TestRunner::default();
+    for _ in 0..2000 {
+        let m = arb_message().new_tree(&mut runner).unwrap().current();
+        match m.error_answer(Status::NoRoute) {
+            Some(a) => {
+                assert_eq!(Some(a.kind()), m.kind().answer());
+                assert_eq!(a.header().status(), Status::NoRoute);
+                assert_eq!(
+                    (a.header().src, a.header().dst),
+                    (m.header().dst, m.header().src)
+                );
+                assert_eq!(a.header().seqnum, m.header().seqnum);
+                assert!(a.header().validate().is_ok());
+            }
+            None => assert_eq!(m.kind().answer(), None, "{}", m.kind()),
+        }
+    }
 }

@@ -4,12 +4,23 @@
 //! - [`table`]: forwarding tables (destination UID → output port).
 //! - [`acl`]: access control (installed connections, connectionless rules).
 //! - [`segment`]: segmentation to a path's MTU and reassembly.
+//! - [`crossbar`]: virtual output queues and per-output schedulers.
+//! - [`translator`]: many connections over one stack tunnel.
+//! - [`plane`]: the `ForwardingPlane` control API.
+//! - [`engine`]: the run-to-completion loop that ties them together.
 
 #![deny(missing_docs)]
 
 pub mod acl;
+pub mod crossbar;
+pub mod engine;
+pub mod plane;
 pub mod segment;
 pub mod table;
+pub mod translator;
+
+pub use engine::{Engine, EngineConfig, EngineHandle, PortSpec, RunMode};
+pub use plane::{ForwardingPlane, PlaneError, PortCounters, PortKind};
 
 /// Index of a port of the engine.
 pub type PortId = u16;
