@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod datagram;
+pub mod ltl;
 pub mod mem;
 pub mod tcp;
 pub mod udp;

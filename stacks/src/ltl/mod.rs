@@ -1,13 +1,17 @@
-//! placeholder
-#![allow(missing_docs)]
-use std::sync::Arc;
-#[derive(Default)]
-pub struct LtlStack;
-impl LtlStack { pub fn new() -> Self { LtlStack } }
-impl uniplane_dataplane::Stack for LtlStack {
-    fn name(&self) -> &'static str { "ltl" }
-    fn capabilities(&self) -> uniplane_dataplane::Capabilities { todo!() }
-    fn connect(&self, _: &uniplane_dataplane::Locator) -> uniplane_dataplane::StackFuture<'_, uniplane_dataplane::BoxLink> { todo!() }
-    fn listen(&self, _: &uniplane_dataplane::Locator) -> uniplane_dataplane::StackFuture<'_, uniplane_dataplane::BoxListener> { todo!() }
-}
-#[allow(dead_code)] fn _x(_: Arc<()>) {}
+//! The `ltl` stack: a reliable, ordered transport in the spirit of
+//! Catapult's Lightweight Transport Layer (Caulfield et al., MICRO'16),
+//! over any [`DatagramPort`](crate::datagram::DatagramPort).
+//!
+//! - [`wire`]: the frame header, a checked zero-copy view with a CRC-32C.
+//! - [`core`]: the sans-IO endpoint — connection table, sequence numbers,
+//!   cumulative ACKs, NACKs with a selective bitmap, RFC 6298 timers,
+//!   credit, setup, teardown, keepalives and peer-failure detection.
+//! - the async driver (this module): one task per port runs the endpoint;
+//!   links exchange messages with it in batches.
+
+pub mod core;
+mod crc;
+pub mod wire;
+
+pub use self::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
+pub use crc::{crc32c, Crc32c};

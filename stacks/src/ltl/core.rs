@@ -1,0 +1,1098 @@
+//! The sans-IO LTL endpoint: every connection of one datagram port, driven
+//! by datagrams in, datagrams out and time, with no I/O and no clock of its
+//! own (as `quinn-proto` is).
+//!
+//! ```text
+//!  handle_datagram(from, bytes, now) ─┐           ┌─► poll_transmit(now, buf) -> dst
+//!  handle_timeout(now) ───────────────┤ Endpoint  ├─► poll_timeout() -> when
+//!  connect / send / recv / close ─────┘           └─► poll_event() -> what changed
+//! ```
+//!
+//! Reliability is selective repeat: the receiver keeps out-of-order frames
+//! inside its window and acknowledges cumulatively; on a gap it sends a
+//! NACK with a bitmap of what it holds beyond the gap, and the sender
+//! retransmits the holes at once (at most once per round trip each). The
+//! retransmission timer follows RFC 6298 (SRTT, RTTVAR, Karn's rule,
+//! exponential backoff). The receiver grants credit in frames: the window
+//! covers frames held out of order and frames received but not yet read by
+//! the application, so a reader that stalls stops the sender and nothing is
+//! dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use uniplane_dataplane::{Message, SplitMix64};
+
+use super::wire::{payload_checksum, Frame, Kind, PayloadSum, Repr, HEADER_LEN, SACK_LEN};
+
+/// How an LTL endpoint behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LtlConfig {
+    /// Most connections at once (both directions).
+    pub max_connections: usize,
+    /// Largest datagram, header included.
+    pub max_frame: usize,
+    /// Frames a receiver buffers per connection, which is also the most
+    /// frames a sender has unacknowledged.
+    pub window: u32,
+    /// Bytes of messages a connection queues before `send` refuses more.
+    pub send_buffer: usize,
+    /// Retransmission timeout before the first RTT sample.
+    pub initial_rto: Duration,
+    /// Smallest retransmission timeout.
+    pub min_rto: Duration,
+    /// Largest retransmission timeout (the backoff stops here).
+    pub max_rto: Duration,
+    /// Quiet time after which a keepalive is sent.
+    pub keepalive_interval: Duration,
+    /// Timeouts in a row (retransmissions or unanswered keepalives) after
+    /// which the peer is declared failed.
+    pub max_timeouts: u32,
+    /// How long a closed connection lingers to answer a repeated FIN.
+    pub linger: Duration,
+}
+
+impl Default for LtlConfig {
+    fn default() -> Self {
+        LtlConfig {
+            max_connections: 4096,
+            max_frame: 1472,
+            window: 256,
+            send_buffer: 512 << 10,
+            initial_rto: Duration::from_millis(50),
+            min_rto: Duration::from_millis(5),
+            max_rto: Duration::from_millis(500),
+            keepalive_interval: Duration::from_millis(200),
+            max_timeouts: 8,
+            linger: Duration::from_millis(100),
+        }
+    }
+}
+
+impl LtlConfig {
+    /// Largest encoded overlay message a frame carries.
+    pub fn max_message(&self) -> usize {
+        self.max_frame.saturating_sub(HEADER_LEN)
+    }
+}
+
+/// A connection's id at this endpoint.
+pub type ConnId = u32;
+
+/// Why a connection ended badly.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// The peer stopped answering.
+    #[error("no answer after {0} timeouts")]
+    TimedOut(u32),
+    /// The peer reset the connection, or refused it.
+    #[error("connection reset by the peer")]
+    Reset,
+}
+
+/// Why `send` did not take a message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The send buffer is full: wait for [`Event::Writable`].
+    #[error("send buffer full")]
+    Full,
+    /// The message is larger than a frame carries.
+    #[error("message of {0} bytes exceeds the frame's limit")]
+    TooLarge(usize),
+    /// The connection was closed by this side.
+    #[error("connection closed")]
+    Closed,
+    /// The connection failed.
+    #[error(transparent)]
+    Failed(#[from] ConnError),
+    /// No such connection.
+    #[error("unknown connection")]
+    Unknown,
+}
+
+/// What `recv` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recv {
+    /// A message.
+    Message(Message),
+    /// Nothing now: wait for [`Event::Readable`].
+    Empty,
+    /// The peer closed and everything it sent was read.
+    End,
+    /// The connection failed.
+    Failed(ConnError),
+}
+
+/// Something an application may want to wake up for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A connection this endpoint opened is established.
+    Connected(ConnId),
+    /// A peer opened a connection; take it with [`Endpoint::accept`].
+    Incoming,
+    /// Messages (or the end) can be read.
+    Readable(ConnId),
+    /// The send buffer has room again.
+    Writable(ConnId),
+    /// The connection failed; every user gets the error.
+    Failed(ConnId, ConnError),
+    /// The connection is gone from the table.
+    Removed(ConnId),
+}
+
+/// What an endpoint counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LtlStats {
+    /// Frames received that passed every check.
+    pub rx_frames: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Frames that failed a check (bad checksum, length, kind): dropped.
+    pub bad_frames: u64,
+    /// Frames for no connection here.
+    pub unknown_conn: u64,
+    /// DATA frames received twice.
+    pub duplicates: u64,
+    /// DATA frames beyond the credit granted.
+    pub out_of_window: u64,
+    /// Frames sent again after a timeout.
+    pub timeout_retransmits: u64,
+    /// Frames sent again after a NACK.
+    pub fast_retransmits: u64,
+    /// Timer expiries with data outstanding.
+    pub timeouts: u64,
+    /// Connections refused at the limit or while not listening.
+    pub refused: u64,
+    /// Connections whose peer failed.
+    pub peer_failures: u64,
+}
+
+/// `a < b` in sequence-number arithmetic.
+#[inline]
+fn before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    SynSent,
+    Established,
+    /// Both FINs exchanged and acknowledged; lingering until the deadline.
+    Closed(Instant),
+    Failed,
+}
+
+/// A DATA or FIN frame sent and not yet acknowledged.
+struct Sent {
+    kind: Kind,
+    payload: Bytes,
+    sum: PayloadSum,
+    sent_at: Instant,
+    retransmitted: bool,
+    sacked: bool,
+    queued: bool,
+}
+
+/// Something received in order or held out of order.
+enum Item {
+    Data(Bytes),
+    Fin,
+}
+
+struct Conn<A> {
+    peer: A,
+    peer_id: u32,
+    state: State,
+    // Sending.
+    snd_una: u32,
+    snd_nxt: u32,
+    snd_limit: u32,
+    inflight: VecDeque<Sent>,
+    rexmit: VecDeque<u32>,
+    unsent: BytesMut,
+    unsent_lens: VecDeque<u32>,
+    closing: bool,
+    fin_sent: bool,
+    was_full: bool,
+    // Receiving.
+    rcv_nxt: u32,
+    ooo: VecDeque<Option<Item>>,
+    ready: VecDeque<Bytes>,
+    reading: VecDeque<Message>,
+    peer_fin: bool,
+    advertised: u32,
+    ack_due: bool,
+    nack_due: bool,
+    syn_due: bool,
+    synack_due: bool,
+    keepalive_pending: bool,
+    // Timers.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    rto: Duration,
+    rto_at: Option<Instant>,
+    /// After a timeout: `snd_nxt` then. Acknowledgements that advance but
+    /// stay below it reveal the next lost frame, sent again at once.
+    recover: Option<u32>,
+    keepalive_at: Instant,
+    timeouts: u32,
+    error: Option<ConnError>,
+    scheduled: bool,
+}
+
+/// Every LTL connection over one datagram port, without I/O.
+pub struct Endpoint<A> {
+    config: LtlConfig,
+    rng: SplitMix64,
+    conns: HashMap<ConnId, Conn<A>>,
+    by_peer: HashMap<(A, u32), ConnId>,
+    listening: bool,
+    incoming: VecDeque<ConnId>,
+    /// Connections that may have something to transmit.
+    dirty: VecDeque<ConnId>,
+    /// Resets to send: destination, their id, our id.
+    resets: VecDeque<(A, u32, u32)>,
+    events: VecDeque<Event>,
+    stats: LtlStats,
+}
+
+impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
+    /// An endpoint with no connections; `seed` picks connection ids and
+    /// initial sequence numbers.
+    pub fn new(config: LtlConfig, seed: u64) -> Self {
+        Endpoint {
+            config,
+            rng: SplitMix64::new(seed),
+            conns: HashMap::new(),
+            by_peer: HashMap::new(),
+            listening: false,
+            incoming: VecDeque::new(),
+            dirty: VecDeque::new(),
+            resets: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: LtlStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LtlConfig {
+        &self.config
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> LtlStats {
+        self.stats
+    }
+
+    /// Connections in the table (lingering ones included).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether peers may open connections here.
+    pub fn set_listening(&mut self, on: bool) {
+        self.listening = on;
+    }
+
+    /// A connection a peer opened, if any is waiting.
+    pub fn accept(&mut self) -> Option<ConnId> {
+        self.incoming.pop_front()
+    }
+
+    /// The peer of a connection.
+    pub fn peer(&self, id: ConnId) -> Option<A> {
+        self.conns.get(&id).map(|c| c.peer)
+    }
+
+    /// Whether the connection is established (data flows).
+    pub fn is_established(&self, id: ConnId) -> bool {
+        self.conns
+            .get(&id)
+            .is_some_and(|c| c.state == State::Established)
+    }
+
+    /// The next thing that changed.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn fresh_id(&mut self) -> ConnId {
+        loop {
+            let id = self.rng.next_u64() as u32;
+            if id != 0 && !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn new_conn(&mut self, peer: A, peer_id: u32, state: State, now: Instant) -> Conn<A> {
+        let isn = self.rng.next_u64() as u32;
+        let c = &self.config;
+        Conn {
+            peer,
+            peer_id,
+            state,
+            snd_una: isn,
+            snd_nxt: isn,
+            snd_limit: isn,
+            inflight: VecDeque::with_capacity(c.window as usize),
+            rexmit: VecDeque::new(),
+            unsent: BytesMut::new(),
+            unsent_lens: VecDeque::new(),
+            closing: false,
+            fin_sent: false,
+            was_full: false,
+            rcv_nxt: 0,
+            ooo: VecDeque::new(),
+            ready: VecDeque::new(),
+            reading: VecDeque::new(),
+            peer_fin: false,
+            advertised: 0,
+            ack_due: false,
+            nack_due: false,
+            syn_due: false,
+            synack_due: false,
+            keepalive_pending: false,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rto: c.initial_rto,
+            rto_at: None,
+            recover: None,
+            keepalive_at: now + c.keepalive_interval,
+            timeouts: 0,
+            error: None,
+            scheduled: false,
+        }
+    }
+
+    fn mark_dirty(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if !c.scheduled {
+                c.scheduled = true;
+                self.dirty.push_back(id);
+            }
+        }
+    }
+
+    /// Opens a connection to `peer`; [`Event::Connected`] follows once the
+    /// peer accepts, [`Event::Failed`] if it never answers.
+    pub fn connect(&mut self, peer: A, now: Instant) -> Result<ConnId, SendError> {
+        if self.conns.len() >= self.config.max_connections {
+            return Err(SendError::Failed(ConnError::Reset));
+        }
+        let id = self.fresh_id();
+        let mut c = self.new_conn(peer, 0, State::SynSent, now);
+        c.syn_due = true;
+        self.conns.insert(id, c);
+        self.mark_dirty(id);
+        Ok(id)
+    }
+
+    /// Queues `message` on the connection.
+    pub fn send(&mut self, id: ConnId, message: &Message) -> Result<(), SendError> {
+        let max = self.config.max_message();
+        let limit = self.config.send_buffer;
+        let c = self.conns.get_mut(&id).ok_or(SendError::Unknown)?;
+        if let Some(e) = &c.error {
+            return Err(SendError::Failed(e.clone()));
+        }
+        if c.closing {
+            return Err(SendError::Closed);
+        }
+        let size = message.encoded_len();
+        if size > max {
+            return Err(SendError::TooLarge(size));
+        }
+        if c.unsent.len() >= limit {
+            c.was_full = true;
+            return Err(SendError::Full);
+        }
+        message.encode(&mut c.unsent);
+        c.unsent_lens.push_back(size as u32);
+        self.mark_dirty(id);
+        Ok(())
+    }
+
+    /// Whether `send` would take a message now.
+    pub fn can_send(&self, id: ConnId) -> bool {
+        self.conns.get(&id).is_some_and(|c| {
+            c.error.is_none() && !c.closing && c.unsent.len() < self.config.send_buffer
+        })
+    }
+
+    /// Bytes queued and frames unacknowledged on a connection.
+    pub fn backlog(&self, id: ConnId) -> (usize, usize) {
+        self.conns
+            .get(&id)
+            .map_or((0, 0), |c| (c.unsent.len(), c.inflight.len()))
+    }
+
+    /// Takes the next received message.
+    pub fn recv(&mut self, id: ConnId) -> Recv {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return Recv::End;
+        };
+        if c.reading.is_empty() {
+            if let Some(frame) = c.ready.pop_front() {
+                // Frames were checked by their checksum; a frame whose
+                // messages do not decode came from a broken peer and is
+                // skipped whole.
+                if crate::udp::decode_datagram(&frame, &mut c.reading).is_err() {
+                    self.stats.bad_frames += 1;
+                }
+            }
+        }
+        if let Some(m) = c.reading.pop_front() {
+            if c.reading.is_empty() {
+                self.after_read(id);
+            }
+            return Recv::Message(m);
+        }
+        if let Some(e) = &c.error {
+            return Recv::Failed(e.clone());
+        }
+        if c.peer_fin && c.ready.is_empty() {
+            return Recv::End;
+        }
+        if !c.ready.is_empty() {
+            // Only undecodable frames were there; try the next.
+            return self.recv(id);
+        }
+        Recv::Empty
+    }
+
+    /// A frame's worth of buffer was freed: grant more credit when enough.
+    fn after_read(&mut self, id: ConnId) {
+        let window = self.config.window;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let limit = c.rcv_nxt.wrapping_add(credit(c, window));
+        let gained = limit.wrapping_sub(c.advertised);
+        if c.state == State::Established
+            && (gained >= (window / 4).max(1) || c.advertised == c.rcv_nxt)
+            && limit != c.advertised
+        {
+            c.ack_due = true;
+            self.mark_dirty(id);
+        }
+    }
+
+    /// Closes the sending direction after everything queued is delivered;
+    /// the connection leaves the table once both sides closed.
+    pub fn close(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if !c.closing {
+                c.closing = true;
+                self.mark_dirty(id);
+            }
+        }
+    }
+
+    /// Drops a connection at once, telling the peer with a reset.
+    pub fn abort(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.remove(&id) {
+            self.by_peer.remove(&(c.peer, c.peer_id));
+            if c.state == State::Established && c.error.is_none() {
+                self.resets.push_back((c.peer, c.peer_id, id));
+            }
+            self.events.push_back(Event::Removed(id));
+        }
+    }
+
+    /// Feeds one received datagram.
+    pub fn handle_datagram(&mut self, from: A, data: &[u8], now: Instant) {
+        let frame = match Frame::new_checked(data) {
+            Ok(f) => f,
+            Err(_) => {
+                self.stats.bad_frames += 1;
+                return;
+            }
+        };
+        self.stats.rx_frames += 1;
+        let kind = frame.kind();
+        if kind == Kind::Syn {
+            self.handle_syn(from, &frame, now);
+            return;
+        }
+        let id = frame.dst_conn();
+        if self.conns.get(&id).is_some_and(|c| {
+            c.peer == from && c.state == State::SynSent && !matches!(kind, Kind::SynAck | Kind::Rst)
+        }) {
+            // The peer's side is up and its SYN_ACK was lost: our next SYN
+            // brings it again.
+            return;
+        }
+        let known = self.conns.get(&id).is_some_and(|c| {
+            c.peer == from
+                && (c.peer_id == frame.src_conn()
+                    || (c.state == State::SynSent && kind == Kind::SynAck))
+        });
+        if !known {
+            self.stats.unknown_conn += 1;
+            if kind != Kind::Rst {
+                self.queue_reset(from, frame.src_conn(), id);
+            }
+            return;
+        }
+        let window = self.config.window;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.timeouts = 0;
+        c.keepalive_at = now + self.config.keepalive_interval;
+        match kind {
+            Kind::Rst => {
+                self.fail(id, ConnError::Reset);
+                return;
+            }
+            Kind::SynAck => {
+                if c.state == State::SynSent {
+                    c.state = State::Established;
+                    c.peer_id = frame.src_conn();
+                    c.rcv_nxt = frame.seq();
+                    c.advertised = c.rcv_nxt;
+                    c.snd_limit = frame.window();
+                    c.rto_at = None;
+                    c.ack_due = true;
+                    self.by_peer.insert((from, frame.src_conn()), id);
+                    self.events.push_back(Event::Connected(id));
+                    self.events.push_back(Event::Writable(id));
+                } else {
+                    // Our ACK of it was lost; say it again.
+                    c.ack_due = true;
+                }
+            }
+            _ if c.state == State::SynSent => return,
+            Kind::Data | Kind::Fin => {
+                let item = if kind == Kind::Data {
+                    Item::Data(Bytes::copy_from_slice(frame.payload()))
+                } else {
+                    Item::Fin
+                };
+                self.receive(id, frame.seq(), item, window);
+                if let Some(c) = self.conns.get_mut(&id) {
+                    handle_ack(
+                        c,
+                        frame.ack(),
+                        frame.window(),
+                        None,
+                        now,
+                        &self.config,
+                        &mut self.stats,
+                    );
+                }
+            }
+            Kind::Ack => handle_ack(
+                c,
+                frame.ack(),
+                frame.window(),
+                None,
+                now,
+                &self.config,
+                &mut self.stats,
+            ),
+            Kind::Nack => handle_ack(
+                c,
+                frame.ack(),
+                frame.window(),
+                Some(frame.payload()),
+                now,
+                &self.config,
+                &mut self.stats,
+            ),
+            Kind::Keepalive => c.ack_due = true,
+            Kind::Syn => {}
+        }
+        self.settle(id, now);
+        self.mark_dirty(id);
+    }
+
+    fn handle_syn(&mut self, from: A, frame: &Frame<&[u8]>, now: Instant) {
+        if let Some(&id) = self.by_peer.get(&(from, frame.src_conn())) {
+            // A repeated SYN: our SYN_ACK was lost.
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.synack_due = true;
+            }
+            self.mark_dirty(id);
+            return;
+        }
+        if !self.listening || self.conns.len() >= self.config.max_connections {
+            self.stats.refused += 1;
+            self.queue_reset(from, frame.src_conn(), 0);
+            return;
+        }
+        let id = self.fresh_id();
+        let mut c = self.new_conn(from, frame.src_conn(), State::Established, now);
+        c.rcv_nxt = frame.seq();
+        c.advertised = c.rcv_nxt.wrapping_add(self.config.window);
+        c.snd_limit = c
+            .snd_nxt
+            .wrapping_add(frame.window().min(self.config.window));
+        c.synack_due = true;
+        self.conns.insert(id, c);
+        self.by_peer.insert((from, frame.src_conn()), id);
+        self.incoming.push_back(id);
+        self.events.push_back(Event::Incoming);
+        self.mark_dirty(id);
+    }
+
+    fn queue_reset(&mut self, to: A, their: u32, ours: u32) {
+        if self.resets.len() < 1024 {
+            self.resets.push_back((to, their, ours));
+        }
+    }
+
+    /// Takes a DATA or FIN frame into the receive window.
+    fn receive(&mut self, id: ConnId, seq: u32, item: Item, window: u32) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if before(seq, c.rcv_nxt) {
+            self.stats.duplicates += 1;
+            c.ack_due = true;
+            return;
+        }
+        let offset = seq.wrapping_sub(c.rcv_nxt);
+        if offset >= credit(c, window) {
+            self.stats.out_of_window += 1;
+            c.ack_due = true;
+            return;
+        }
+        let offset = offset as usize;
+        if c.ooo.len() <= offset {
+            c.ooo.resize_with(offset + 1, || None);
+        }
+        if c.ooo[offset].is_some() {
+            self.stats.duplicates += 1;
+            c.nack_due = true;
+            return;
+        }
+        c.ooo[offset] = Some(item);
+        let mut advanced = false;
+        while let Some(Some(_)) = c.ooo.front() {
+            match c.ooo.pop_front().flatten() {
+                Some(Item::Data(d)) => c.ready.push_back(d),
+                Some(Item::Fin) => c.peer_fin = true,
+                None => {}
+            }
+            c.rcv_nxt = c.rcv_nxt.wrapping_add(1);
+            advanced = true;
+        }
+        c.ack_due = true;
+        if !c.ooo.is_empty() {
+            c.nack_due = true;
+        }
+        if advanced {
+            self.events.push_back(Event::Readable(id));
+        }
+    }
+
+    /// Checks the send side after acknowledgements: room, closing.
+    fn settle(&mut self, id: ConnId, now: Instant) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.was_full && c.unsent.len() < self.config.send_buffer {
+            c.was_full = false;
+            self.events.push_back(Event::Writable(id));
+        }
+        let done = c.closing && c.fin_sent && c.inflight.is_empty() && c.peer_fin;
+        if done && c.state == State::Established {
+            c.state = State::Closed(now + self.config.linger);
+        }
+    }
+
+    fn fail(&mut self, id: ConnId, e: ConnError) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if c.error.is_none() {
+                if let ConnError::TimedOut(_) = e {
+                    self.stats.peer_failures += 1;
+                }
+                c.error = Some(e.clone());
+                c.state = State::Failed;
+                c.rto_at = None;
+                self.events.push_back(Event::Failed(id, e));
+                self.events.push_back(Event::Readable(id));
+                self.events.push_back(Event::Writable(id));
+            }
+        }
+    }
+
+    /// Removes a failed connection once its user let go of it.
+    pub fn release(&mut self, id: ConnId) {
+        let gone = self
+            .conns
+            .get(&id)
+            .is_some_and(|c| matches!(c.state, State::Failed | State::Closed(_)));
+        if gone {
+            if let Some(c) = self.conns.remove(&id) {
+                self.by_peer.remove(&(c.peer, c.peer_id));
+                self.events.push_back(Event::Removed(id));
+            }
+        }
+    }
+
+    /// The next datagram to send: appended to `out`, destination returned.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut) -> Option<A> {
+        if let Some((to, their, ours)) = self.resets.pop_front() {
+            Repr {
+                kind: Kind::Rst,
+                src_conn: ours,
+                dst_conn: their,
+                seq: 0,
+                ack: 0,
+                window: 0,
+            }
+            .emit_empty(out);
+            self.stats.tx_frames += 1;
+            return Some(to);
+        }
+        while let Some(id) = self.dirty.pop_front() {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            match transmit_one(c, id, now, &self.config, out) {
+                Some(to) => {
+                    if c.was_full && c.unsent.len() < self.config.send_buffer {
+                        c.was_full = false;
+                        self.events.push_back(Event::Writable(id));
+                    }
+                    // More may follow: keep the connection in the rotation.
+                    self.dirty.push_back(id);
+                    self.stats.tx_frames += 1;
+                    return Some(to);
+                }
+                None => c.scheduled = false,
+            }
+        }
+        None
+    }
+
+    /// When [`Endpoint::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conns
+            .values()
+            .filter_map(|c| match c.state {
+                State::Closed(at) => Some(at),
+                State::Failed => None,
+                _ => Some(c.rto_at.map_or(c.keepalive_at, |r| r.min(c.keepalive_at))),
+            })
+            .min()
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            match c.state {
+                State::Failed => continue,
+                State::Closed(at) => {
+                    if at <= now {
+                        let peer = (c.peer, c.peer_id);
+                        self.conns.remove(&id);
+                        self.by_peer.remove(&peer);
+                        self.events.push_back(Event::Removed(id));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let mut timed_out = false;
+            if c.rto_at.is_some_and(|t| t <= now) {
+                timed_out = true;
+                self.stats.timeouts += 1;
+                c.rto = (c.rto * 2).min(self.config.max_rto);
+                c.rto_at = Some(now + c.rto);
+                if c.state == State::SynSent {
+                    c.syn_due = true;
+                } else {
+                    // The oldest frame goes again; the answer to it says
+                    // what else is missing (a NACK for holes below frames
+                    // that arrived, partial acknowledgements for a lost
+                    // tail). Sending the whole window again would repeat
+                    // everything whenever only an ACK was lost.
+                    c.recover = Some(c.snd_nxt);
+                    if queue_first_unacked(c) {
+                        self.stats.timeout_retransmits += 1;
+                    }
+                }
+            } else if c.keepalive_at <= now {
+                c.keepalive_at = now + self.config.keepalive_interval;
+                if c.state == State::Established {
+                    // Quiet for a keepalive interval: ask, and count it.
+                    timed_out = true;
+                    c.keepalive_pending = true;
+                }
+            }
+            if timed_out {
+                c.timeouts += 1;
+                if c.timeouts > self.config.max_timeouts {
+                    let n = c.timeouts;
+                    self.fail(id, ConnError::TimedOut(n));
+                    continue;
+                }
+                self.mark_dirty(id);
+            }
+        }
+    }
+}
+
+/// Frames the receiver can still take: the window less frames waiting to
+/// be read.
+fn credit<A>(c: &Conn<A>, window: u32) -> u32 {
+    let held = c.ready.len() as u32 + u32::from(!c.reading.is_empty());
+    window.saturating_sub(held)
+}
+
+fn rtt_sample<A>(c: &mut Conn<A>, sample: Duration, cfg: &LtlConfig) {
+    match c.srtt {
+        None => {
+            c.srtt = Some(sample);
+            c.rttvar = sample / 2;
+        }
+        Some(srtt) => {
+            let delta = srtt.abs_diff(sample);
+            c.rttvar = (c.rttvar * 3 + delta) / 4;
+            c.srtt = Some((srtt * 7 + sample) / 8);
+        }
+    }
+    let srtt = c.srtt.unwrap_or(sample);
+    c.rto = (srtt + (c.rttvar * 4).max(Duration::from_micros(100))).clamp(cfg.min_rto, cfg.max_rto);
+}
+
+/// Applies an acknowledgement, a credit and (for a NACK) a bitmap.
+fn handle_ack<A>(
+    c: &mut Conn<A>,
+    ack: u32,
+    window: u32,
+    sack: Option<&[u8]>,
+    now: Instant,
+    cfg: &LtlConfig,
+    stats: &mut LtlStats,
+) {
+    if before(c.snd_limit, window) {
+        c.snd_limit = window;
+    }
+    if before(c.snd_una, ack) && !before(c.snd_nxt, ack) {
+        // Karn's rule, widened: an acknowledgement that covers a frame
+        // sent twice, or one that waited behind a hole (sacked), does not
+        // time the path.
+        let mut newest = None;
+        let mut clean = true;
+        while before(c.snd_una, ack) {
+            let Some(s) = c.inflight.pop_front() else {
+                break;
+            };
+            clean &= !s.retransmitted && !s.sacked;
+            newest = Some(s.sent_at);
+            c.snd_una = c.snd_una.wrapping_add(1);
+        }
+        if let (Some(at), true) = (newest, clean) {
+            rtt_sample(c, now.saturating_duration_since(at), cfg);
+        }
+        c.rto_at = if c.inflight.is_empty() {
+            None
+        } else {
+            Some(now + c.rto)
+        };
+        match c.recover {
+            Some(r) if before(c.snd_una, r) => {
+                if queue_first_unacked(c) {
+                    stats.timeout_retransmits += 1;
+                }
+            }
+            _ => c.recover = None,
+        }
+    }
+    let Some(bitmap) = sack else {
+        return;
+    };
+    if c.snd_una != ack {
+        return;
+    }
+    // Bit i: frame ack + 1 + i arrived. Holes below the highest arrival
+    // are lost (or late): send each again, at most once per round trip.
+    let mut highest = None;
+    for (i, s) in c.inflight.iter_mut().enumerate().skip(1).take(SACK_LEN * 8) {
+        let bit = i - 1;
+        if bitmap[bit / 8] & (0x80 >> (bit % 8)) != 0 {
+            s.sacked = true;
+            highest = Some(i);
+        }
+    }
+    let Some(highest) = highest else {
+        return;
+    };
+    let guard = c.srtt.unwrap_or(cfg.initial_rto);
+    let mut seq = c.snd_una;
+    for s in c.inflight.iter_mut().take(highest) {
+        if !s.sacked && !s.queued && now.saturating_duration_since(s.sent_at) >= guard {
+            s.queued = true;
+            c.rexmit.push_back(seq);
+            stats.fast_retransmits += 1;
+        }
+        seq = seq.wrapping_add(1);
+    }
+}
+
+/// Queues the oldest unacknowledged frame for retransmission; false when
+/// it is already queued or known to have arrived.
+fn queue_first_unacked<A>(c: &mut Conn<A>) -> bool {
+    let seq = c.snd_una;
+    match c.inflight.front_mut() {
+        Some(s) if !s.sacked && !s.queued => {
+            s.queued = true;
+            c.rexmit.push_back(seq);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The one next frame of a connection, if it has one.
+fn transmit_one<A: Copy>(
+    c: &mut Conn<A>,
+    id: ConnId,
+    now: Instant,
+    cfg: &LtlConfig,
+    out: &mut BytesMut,
+) -> Option<A> {
+    if matches!(c.state, State::Failed) {
+        return None;
+    }
+    let window = cfg.window;
+    let mut repr = Repr {
+        kind: Kind::Ack,
+        src_conn: id,
+        dst_conn: c.peer_id,
+        seq: c.snd_nxt,
+        ack: c.rcv_nxt,
+        window: c.rcv_nxt.wrapping_add(credit(c, window)),
+    };
+    if c.syn_due {
+        c.syn_due = false;
+        if c.rto_at.is_none() {
+            c.rto_at = Some(now + c.rto);
+        }
+        repr.kind = Kind::Syn;
+        repr.dst_conn = 0;
+        repr.ack = 0;
+        repr.window = window;
+        repr.emit_empty(out);
+        return Some(c.peer);
+    }
+    if c.state == State::SynSent {
+        return None;
+    }
+    if c.synack_due {
+        c.synack_due = false;
+        repr.kind = Kind::SynAck;
+        repr.seq = c.snd_una;
+        repr.emit_empty(out);
+        c.advertised = repr.window;
+        c.ack_due = false;
+        return Some(c.peer);
+    }
+    if c.nack_due {
+        c.nack_due = false;
+        c.ack_due = false;
+        c.keepalive_pending = false;
+        let mut bitmap = [0u8; SACK_LEN];
+        for (i, slot) in c.ooo.iter().enumerate().skip(1).take(SACK_LEN * 8) {
+            if slot.is_some() {
+                let bit = i - 1;
+                bitmap[bit / 8] |= 0x80 >> (bit % 8);
+            }
+        }
+        repr.kind = Kind::Nack;
+        c.advertised = repr.window;
+        repr.emit(&bitmap, payload_checksum(&bitmap), out);
+        return Some(c.peer);
+    }
+    // Retransmissions first, oldest first.
+    while let Some(seq) = c.rexmit.pop_front() {
+        let idx = seq.wrapping_sub(c.snd_una) as usize;
+        if before(seq, c.snd_una) || idx >= c.inflight.len() {
+            continue;
+        }
+        let s = &mut c.inflight[idx];
+        s.queued = false;
+        if s.sacked {
+            continue;
+        }
+        s.retransmitted = true;
+        s.sent_at = now;
+        repr.kind = s.kind;
+        repr.seq = seq;
+        repr.emit(&s.payload, s.sum, out);
+        c.advertised = repr.window;
+        c.ack_due = false;
+        c.keepalive_pending = false;
+        if c.rto_at.is_none() {
+            c.rto_at = Some(now + c.rto);
+        }
+        return Some(c.peer);
+    }
+    // New data, within the peer's credit and our own window.
+    let can_send = before(c.snd_nxt, c.snd_limit) && (c.inflight.len() as u32) < window;
+    if can_send && (!c.unsent_lens.is_empty() || (c.closing && !c.fin_sent)) {
+        let (kind, payload) = if let Some(&first) = c.unsent_lens.front() {
+            let max = cfg.max_message();
+            let mut take = first as usize;
+            c.unsent_lens.pop_front();
+            while let Some(&next) = c.unsent_lens.front() {
+                if take + next as usize > max {
+                    break;
+                }
+                take += next as usize;
+                c.unsent_lens.pop_front();
+            }
+            (Kind::Data, c.unsent.split_to(take).freeze())
+        } else {
+            c.fin_sent = true;
+            (Kind::Fin, Bytes::new())
+        };
+        let sum = payload_checksum(&payload);
+        repr.kind = kind;
+        repr.seq = c.snd_nxt;
+        repr.emit(&payload, sum, out);
+        c.inflight.push_back(Sent {
+            kind,
+            payload,
+            sum,
+            sent_at: now,
+            retransmitted: false,
+            sacked: false,
+            queued: false,
+        });
+        c.snd_nxt = c.snd_nxt.wrapping_add(1);
+        c.advertised = repr.window;
+        c.ack_due = false;
+        c.keepalive_pending = false;
+        if c.rto_at.is_none() {
+            c.rto_at = Some(now + c.rto);
+        }
+        return Some(c.peer);
+    }
+    if c.keepalive_pending {
+        c.keepalive_pending = false;
+        c.ack_due = false;
+        repr.kind = Kind::Keepalive;
+        c.advertised = repr.window;
+        repr.emit_empty(out);
+        return Some(c.peer);
+    }
+    if c.ack_due {
+        c.ack_due = false;
+        c.advertised = repr.window;
+        repr.emit_empty(out);
+        return Some(c.peer);
+    }
+    None
+}
