@@ -26,12 +26,13 @@ use std::sync::Arc;
 use uniplane_dataplane::Stack;
 
 /// Names of the stacks this build provides.
-pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp"];
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl"];
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
     match name {
         "mem" => Some(Arc::new(mem::MemStack::new())),
+        "ltl" => Some(Arc::new(ltl::LtlStack::new())),
         "udp" => Some(Arc::new(udp::UdpStack::new())),
         "tcp" => Some(Arc::new(tcp::TcpStack::new())),
         _ => None,

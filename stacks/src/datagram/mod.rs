@@ -60,6 +60,22 @@ impl<A: Copy + Eq> TxBatch<A> {
         self.items.push((self.buf.len(), dst));
     }
 
+    /// Lets `write` append one datagram to the buffer and name its
+    /// destination; `None` appends nothing. Returns whether one was added.
+    pub fn push_with(&mut self, write: impl FnOnce(&mut BytesMut) -> Option<A>) -> bool {
+        let start = self.buf.len();
+        match write(&mut self.buf) {
+            Some(dst) => {
+                self.items.push((start, dst));
+                true
+            }
+            None => {
+                self.buf.truncate(start);
+                false
+            }
+        }
+    }
+
     /// Appends a complete datagram to `dst`.
     pub fn push_datagram(&mut self, dst: A, data: &[u8]) {
         self.push(dst);

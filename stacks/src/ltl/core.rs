@@ -296,6 +296,14 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
         self.listening = on;
     }
 
+    /// Stops accepting, and refuses connections opened but not accepted.
+    pub fn listening_off(&mut self) {
+        self.listening = false;
+        while let Some(id) = self.incoming.pop_front() {
+            self.abort(id);
+        }
+    }
+
     /// A connection a peer opened, if any is waiting.
     pub fn accept(&mut self) -> Option<ConnId> {
         self.incoming.pop_front()

@@ -15,3 +15,7 @@ pub mod wire;
 
 pub use self::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
 pub use crc::{crc32c, Crc32c};
+
+mod driver;
+
+pub use driver::{spawn_endpoint, Addr, LtlHandle, LtlLink, LtlListener, LtlStack};

@@ -1,0 +1,677 @@
+//! The thin async driver around the sans-IO [`Endpoint`]: one task per
+//! datagram port receives bursts, feeds them in, runs the timers, sends
+//! what the endpoint has to send in bursts, and wakes the links whose
+//! connections changed. Links move messages to and from the endpoint in
+//! batches, taking its lock once per batch, never per message.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use atomic_waker::AtomicWaker;
+use futures_core::Stream;
+use futures_sink::Sink;
+use uniplane_dataplane::{
+    BoxLink, BoxListener, Capabilities, Link, LinkError, Locator, Message, Stack, StackError,
+    StackFuture,
+};
+
+use super::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
+use crate::datagram::{Datagram, DatagramPort, TxBatch};
+use crate::udp::{UdpConfig, UdpPort};
+
+/// What a peer address must be for the driver: a port's address type.
+pub trait Addr:
+    Copy + Eq + std::hash::Hash + std::fmt::Debug + Send + Sync + Unpin + 'static
+{
+}
+
+impl<T: Copy + Eq + std::hash::Hash + std::fmt::Debug + Send + Sync + Unpin + 'static> Addr for T {}
+
+/// Messages a link hands to the endpoint per lock.
+const LINK_BATCH: usize = 64;
+/// Datagrams per receive or send burst.
+const BURST: usize = 64;
+
+#[derive(Default)]
+struct ConnWakers {
+    rx: Option<Waker>,
+    tx: Option<Waker>,
+}
+
+struct Inner<A> {
+    endpoint: Endpoint<A>,
+    wakers: HashMap<ConnId, ConnWakers>,
+    accept: Option<Waker>,
+    /// Handles (stack, listener, links) still alive.
+    handles: usize,
+}
+
+struct Shared<A> {
+    inner: Mutex<Inner<A>>,
+    driver: AtomicWaker,
+    max_message: usize,
+}
+
+impl<A> Shared<A> {
+    fn lock(&self) -> MutexGuard<'_, Inner<A>> {
+        // Every critical section leaves the endpoint consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An endpoint running on a port: opens connections and accepts them.
+pub struct LtlHandle<A: Addr> {
+    shared: Arc<Shared<A>>,
+    local: A,
+}
+
+impl<A: Addr> LtlHandle<A> {
+    /// The port's address.
+    pub fn local_addr(&self) -> A {
+        self.local
+    }
+
+    /// The endpoint's counters.
+    pub fn stats(&self) -> LtlStats {
+        self.shared.lock().endpoint.stats()
+    }
+
+    fn new_ref(&self) -> Arc<Shared<A>> {
+        self.shared.lock().handles += 1;
+        self.shared.clone()
+    }
+
+    /// Opens a connection to `peer` and waits until it is established.
+    pub async fn connect(&self, peer: A) -> Result<LtlLink<A>, StackError> {
+        let id = {
+            let mut g = self.shared.lock();
+            let now = Instant::now();
+            g.endpoint.connect(peer, now).map_err(|e| match e {
+                SendError::Failed(_) => {
+                    StackError::TooManyConnections(g.endpoint.config().max_connections)
+                }
+                _ => StackError::Shutdown,
+            })?
+        };
+        self.shared.driver.wake();
+        let link = LtlLink::new(self.new_ref(), id);
+        std::future::poll_fn(|cx| {
+            let mut g = link.shared.lock();
+            if g.endpoint.is_established(id) {
+                return Poll::Ready(Ok(()));
+            }
+            if let Recv::Failed(e) = g.endpoint.recv(id) {
+                return Poll::Ready(Err(match e {
+                    ConnError::Reset => StackError::Refused(Locator::Name(format!("{peer:?}"))),
+                    ConnError::TimedOut(_) => StackError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer from {peer:?}"),
+                    )),
+                }));
+            }
+            g.wakers.entry(id).or_default().tx = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await?;
+        Ok(link)
+    }
+
+    /// Accepts connections from peers from now on.
+    pub fn listen(&self) -> LtlListener<A> {
+        self.shared.lock().endpoint.set_listening(true);
+        LtlListener {
+            shared: self.new_ref(),
+        }
+    }
+}
+
+impl<A: Addr> Drop for LtlHandle<A> {
+    fn drop(&mut self) {
+        release_handle(&self.shared);
+    }
+}
+
+fn release_handle<A>(shared: &Shared<A>) {
+    shared.lock().handles -= 1;
+    shared.driver.wake();
+}
+
+/// Runs an LTL endpoint on `port` in a new tokio task. The task ends once
+/// every handle, listener and link is gone and the connections closed.
+pub fn spawn_endpoint<P: DatagramPort>(
+    port: P,
+    config: LtlConfig,
+    seed: u64,
+) -> LtlHandle<P::Addr> {
+    let local = port.local_addr();
+    let shared = Arc::new(Shared {
+        max_message: config.max_message(),
+        inner: Mutex::new(Inner {
+            endpoint: Endpoint::new(config, seed),
+            wakers: HashMap::new(),
+            accept: None,
+            handles: 1,
+        }),
+        driver: AtomicWaker::new(),
+    });
+    let driver = Driver {
+        port,
+        shared: shared.clone(),
+        rx: Vec::with_capacity(BURST),
+        tx: TxBatch::with_capacity(BURST * 1500, BURST),
+        wake: Vec::new(),
+        timer: Box::pin(tokio::time::sleep(std::time::Duration::from_secs(3600))),
+    };
+    tokio::spawn(driver);
+    LtlHandle { shared, local }
+}
+
+struct Driver<P: DatagramPort> {
+    port: P,
+    shared: Arc<Shared<P::Addr>>,
+    rx: Vec<Datagram<P::Addr>>,
+    tx: TxBatch<P::Addr>,
+    wake: Vec<Waker>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<P: DatagramPort> Driver<P> {
+    /// Feeds received bursts, runs timers, gathers transmissions and the
+    /// wakers to wake. Returns whether anything happened.
+    fn turn(&mut self, cx: &mut Context<'_>) -> (bool, bool) {
+        let mut busy = false;
+        let mut io_error = false;
+        for _ in 0..4 {
+            self.rx.clear();
+            match self.port.poll_recv(cx, &mut self.rx, BURST) {
+                Poll::Ready(Ok(_)) => {
+                    busy = true;
+                    let now = Instant::now();
+                    let mut g = self.shared.lock();
+                    for d in &self.rx {
+                        g.endpoint.handle_datagram(d.peer, &d.data, now);
+                    }
+                }
+                Poll::Ready(Err(_)) => {
+                    io_error = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        let now = Instant::now();
+        let mut g = self.shared.lock();
+        if g.endpoint.poll_timeout().is_some_and(|t| t <= now) {
+            g.endpoint.handle_timeout(now);
+        }
+        while self.tx.pending() < BURST {
+            let endpoint = &mut g.endpoint;
+            if !self.tx.push_with(|buf| endpoint.poll_transmit(now, buf)) {
+                break;
+            }
+            busy = true;
+        }
+        let inner = &mut *g;
+        while let Some(ev) = inner.endpoint.poll_event() {
+            let wake = &mut self.wake;
+            let mut take = |id: ConnId, rx: bool, tx: bool| {
+                if let Some(w) = inner.wakers.get_mut(&id) {
+                    if rx {
+                        wake.extend(w.rx.take());
+                    }
+                    if tx {
+                        wake.extend(w.tx.take());
+                    }
+                }
+            };
+            match ev {
+                Event::Connected(id) | Event::Writable(id) => take(id, false, true),
+                Event::Readable(id) => take(id, true, false),
+                Event::Failed(id, _) => take(id, true, true),
+                Event::Incoming => wake.extend(inner.accept.take()),
+                Event::Removed(id) => {
+                    if let Some(w) = inner.wakers.remove(&id) {
+                        wake.extend(w.rx);
+                        wake.extend(w.tx);
+                    }
+                }
+            }
+        }
+        let deadline = inner.endpoint.poll_timeout();
+        drop(g);
+        for w in self.wake.drain(..) {
+            w.wake();
+        }
+        if let Some(at) = deadline {
+            let at = tokio::time::Instant::from_std(at);
+            if self.timer.deadline() != at {
+                self.timer.as_mut().reset(at);
+            }
+        }
+        if !self.tx.is_empty() {
+            match self.port.poll_send(cx, &mut self.tx) {
+                Poll::Ready(Ok(())) => {}
+                // A datagram the kernel refuses (an unreachable peer) is
+                // lost like any other; LTL repairs it or fails the peer.
+                Poll::Ready(Err(_)) => self.tx.clear(),
+                Poll::Pending => {}
+            }
+        }
+        (busy, io_error)
+    }
+}
+
+impl<P: DatagramPort> Future for Driver<P> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        this.shared.driver.register(cx.waker());
+        for _ in 0..16 {
+            let (busy, io_error) = this.turn(cx);
+            if io_error {
+                return Poll::Ready(());
+            }
+            {
+                let g = this.shared.lock();
+                if g.handles == 0 && g.endpoint.connection_count() == 0 && this.tx.is_empty() {
+                    return Poll::Ready(());
+                }
+            }
+            let timer_fired = this.timer.as_mut().poll(cx).is_ready();
+            if !busy && !timer_fired {
+                return Poll::Pending;
+            }
+            if timer_fired {
+                let far = tokio::time::Instant::now() + std::time::Duration::from_secs(3600);
+                this.timer.as_mut().reset(far);
+            }
+        }
+        // Still busy: let other tasks run, then go on.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// One LTL connection as a [`Link`].
+pub struct LtlLink<A: Addr> {
+    shared: Arc<Shared<A>>,
+    id: ConnId,
+    rx: VecDeque<Message>,
+    tx: VecDeque<Message>,
+    ended: bool,
+}
+
+impl<A: Addr> LtlLink<A> {
+    fn new(shared: Arc<Shared<A>>, id: ConnId) -> Self {
+        LtlLink {
+            shared,
+            id,
+            rx: VecDeque::with_capacity(LINK_BATCH * 4),
+            tx: VecDeque::with_capacity(LINK_BATCH),
+            ended: false,
+        }
+    }
+}
+
+fn peer_failed(e: ConnError) -> LinkError {
+    LinkError::PeerFailed(e.to_string())
+}
+
+impl<A: Addr> LtlLink<A> {
+    /// The connection's id at this endpoint.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<A> {
+        self.shared.lock().endpoint.peer(self.id)
+    }
+
+    /// Refills the receive queue; `Ready(Ok(false))` at the end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, LinkError>> {
+        if !self.rx.is_empty() {
+            return Poll::Ready(Ok(true));
+        }
+        if self.ended {
+            return Poll::Ready(Ok(false));
+        }
+        let mut g = self.shared.lock();
+        for _ in 0..LINK_BATCH * 4 {
+            match g.endpoint.recv(self.id) {
+                Recv::Message(m) => self.rx.push_back(m),
+                Recv::Empty => break,
+                Recv::End => {
+                    self.ended = true;
+                    break;
+                }
+                Recv::Failed(e) => {
+                    if self.rx.is_empty() {
+                        return Poll::Ready(Err(peer_failed(e)));
+                    }
+                    break;
+                }
+            }
+        }
+        if !self.rx.is_empty() {
+            drop(g);
+            // Reading freed credit: the driver may owe the peer an update.
+            self.shared.driver.wake();
+            return Poll::Ready(Ok(true));
+        }
+        if self.ended {
+            return Poll::Ready(Ok(false));
+        }
+        g.wakers.entry(self.id).or_default().rx = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Hands queued messages to the endpoint; `Pending` while it is full.
+    fn poll_push(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        if self.tx.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let mut g = self.shared.lock();
+        let mut moved = false;
+        while let Some(m) = self.tx.front() {
+            match g.endpoint.send(self.id, m) {
+                Ok(()) => {
+                    self.tx.pop_front();
+                    moved = true;
+                }
+                Err(SendError::Full) => break,
+                Err(SendError::Failed(e)) => return Poll::Ready(Err(peer_failed(e))),
+                Err(SendError::TooLarge(size)) => {
+                    self.tx.pop_front();
+                    return Poll::Ready(Err(LinkError::TooLarge {
+                        size,
+                        limit: self.shared.max_message,
+                    }));
+                }
+                Err(SendError::Closed | SendError::Unknown) => {
+                    return Poll::Ready(Err(LinkError::Closed))
+                }
+            }
+        }
+        if !self.tx.is_empty() {
+            g.wakers.entry(self.id).or_default().tx = Some(cx.waker().clone());
+        }
+        drop(g);
+        if moved {
+            self.shared.driver.wake();
+        }
+        if self.tx.is_empty() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl<A: Addr> Stream for LtlLink<A> {
+    type Item = Result<Message, LinkError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match std::task::ready!(this.poll_fill(cx)) {
+            Ok(true) => Poll::Ready(this.rx.pop_front().map(Ok)),
+            Ok(false) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+}
+
+impl<A: Addr> Sink<Message> for LtlLink<A> {
+    type Error = LinkError;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        let this = self.get_mut();
+        if this.tx.len() < LINK_BATCH {
+            return Poll::Ready(Ok(()));
+        }
+        match this.poll_push(cx) {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            _ if this.tx.len() < LINK_BATCH => Poll::Ready(Ok(())),
+            _ => Poll::Pending,
+        }
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
+        let this = self.get_mut();
+        let size = item.encoded_len();
+        if size > this.shared.max_message {
+            return Err(LinkError::TooLarge {
+                size,
+                limit: this.shared.max_message,
+            });
+        }
+        this.tx.push_back(item);
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        self.get_mut().poll_push(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_push(cx))?;
+        this.shared.lock().endpoint.close(this.id);
+        this.shared.driver.wake();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<A: Addr> Link for LtlLink<A> {
+    fn poll_recv_batch(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Message>,
+        max: usize,
+    ) -> Poll<Result<usize, LinkError>> {
+        if !std::task::ready!(self.poll_fill(cx))? {
+            return Poll::Ready(Ok(0));
+        }
+        let n = self.rx.len().min(max);
+        out.extend(self.rx.drain(..n));
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl<A: Addr> Drop for LtlLink<A> {
+    fn drop(&mut self) {
+        {
+            let mut g = self.shared.lock();
+            // Whatever was accepted still goes out; then the connection
+            // closes (or, if it failed, leaves the table now).
+            while let Some(m) = self.tx.pop_front() {
+                if g.endpoint.send(self.id, &m).is_err() {
+                    break;
+                }
+            }
+            g.endpoint.close(self.id);
+            g.endpoint.release(self.id);
+            g.wakers.remove(&self.id);
+            g.handles -= 1;
+        }
+        self.shared.driver.wake();
+    }
+}
+
+/// Connections peers open to an endpoint.
+pub struct LtlListener<A: Addr> {
+    shared: Arc<Shared<A>>,
+}
+
+impl<A: Addr> LtlListener<A> {
+    /// The endpoint's counters.
+    pub fn stats(&self) -> LtlStats {
+        self.shared.lock().endpoint.stats()
+    }
+}
+
+impl<A: Addr> Stream for LtlListener<A> {
+    type Item = Result<LtlLink<A>, StackError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut g = self.shared.lock();
+        if let Some(id) = g.endpoint.accept() {
+            g.handles += 1;
+            drop(g);
+            return Poll::Ready(Some(Ok(LtlLink::new(self.shared.clone(), id))));
+        }
+        g.accept = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl<A: Addr> Drop for LtlListener<A> {
+    fn drop(&mut self) {
+        {
+            let mut g = self.shared.lock();
+            g.endpoint.listening_off();
+            g.handles -= 1;
+        }
+        self.shared.driver.wake();
+    }
+}
+
+/// The `ltl` stack over UDP: connections share one socket per local
+/// address; `listen` binds the address given, `connect` uses one ephemeral
+/// socket for every outgoing connection of the stack.
+pub struct LtlStack {
+    config: LtlConfig,
+    udp: UdpConfig,
+    client: Mutex<Option<LtlHandle<SocketAddr>>>,
+}
+
+impl Default for LtlStack {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LtlStack {
+    /// A stack with the default configurations.
+    pub fn new() -> Self {
+        Self::with_config(LtlConfig::default(), UdpConfig::default())
+    }
+
+    /// A stack configured by `config`, over UDP sockets configured by
+    /// `udp` (whose `max_datagram` becomes the frame size).
+    pub fn with_config(mut config: LtlConfig, udp: UdpConfig) -> Self {
+        config.max_frame = udp.max_datagram;
+        let udp = UdpConfig { pack: false, ..udp };
+        LtlStack {
+            config,
+            udp,
+            client: Mutex::new(None),
+        }
+    }
+
+    fn socket_addr(locator: &Locator) -> Result<SocketAddr, StackError> {
+        match locator {
+            Locator::Socket(s) => Ok(*s),
+            other => Err(StackError::UnsupportedLocator {
+                stack: "ltl",
+                locator: other.clone(),
+            }),
+        }
+    }
+
+    fn seed() -> u64 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ (std::process::id() as u64) << 32
+    }
+
+    /// Binds `local` and runs an endpoint there; must be called inside a
+    /// tokio runtime.
+    pub fn bind(&self, local: SocketAddr) -> Result<LtlHandle<SocketAddr>, StackError> {
+        let port = UdpPort::bind(local, &self.udp).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => StackError::AddrInUse(Locator::Socket(local)),
+            _ => StackError::Io(e),
+        })?;
+        Ok(spawn_endpoint(port, self.config.clone(), Self::seed()))
+    }
+
+    /// Opens a connection from the stack's client endpoint.
+    pub async fn connect_link(&self, peer: &Locator) -> Result<LtlLink<SocketAddr>, StackError> {
+        let addr = Self::socket_addr(peer)?;
+        let handle = {
+            let mut client = self.client.lock().unwrap_or_else(|e| e.into_inner());
+            if client.is_none() {
+                let any = match addr {
+                    SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    SocketAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                };
+                *client = Some(self.bind(SocketAddr::new(any, 0))?);
+            }
+            match client.as_ref() {
+                Some(h) => LtlHandle {
+                    shared: h.new_ref(),
+                    local: h.local,
+                },
+                None => return Err(StackError::Shutdown),
+            }
+        };
+        handle.connect(addr).await
+    }
+
+    /// Listens at `local`; must be called inside a tokio runtime.
+    pub fn listen_now(
+        &self,
+        local: &Locator,
+    ) -> Result<(SocketAddr, LtlListener<SocketAddr>), StackError> {
+        let handle = self.bind(Self::socket_addr(local)?)?;
+        Ok((handle.local_addr(), handle.listen()))
+    }
+
+    /// Counters of the client endpoint (connections this stack opened).
+    pub fn client_stats(&self) -> Option<LtlStats> {
+        let client = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        client.as_ref().map(LtlHandle::stats)
+    }
+}
+
+impl Stack for LtlStack {
+    fn name(&self) -> &'static str {
+        "ltl"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reliable: true,
+            ordered: true,
+            mtu: self.config.max_message(),
+            one_sided: true,
+            max_connections: self.config.max_connections,
+        }
+    }
+
+    fn connect(&self, peer: &Locator) -> StackFuture<'_, BoxLink> {
+        let peer = peer.clone();
+        Box::pin(async move {
+            self.connect_link(&peer)
+                .await
+                .map(|l| Box::new(l) as BoxLink)
+        })
+    }
+
+    fn listen(&self, local: &Locator) -> StackFuture<'_, BoxListener> {
+        let local = local.clone();
+        Box::pin(async move {
+            let (_, listener) = self.listen_now(&local)?;
+            Ok(Box::pin(futures_util::StreamExt::map(listener, |r| {
+                r.map(|l| Box::new(l) as BoxLink)
+            })) as BoxListener)
+        })
+    }
+}
