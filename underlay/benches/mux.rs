@@ -75,6 +75,16 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // What the harness of the two mux benches costs by itself: cloning a
+    // message (a reference-count increment) and dropping one.
+    g.bench_function("baseline_clone_drop", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % QUEUES;
+            black_box(msgs[i].clone())
+        })
+    });
+
     // Keep every queue half full; each iteration offers one message and
     // dequeues one: check + offer + pick + dequeue.
     let prefill = |m: &mut InterfaceMux| {
