@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 NEEDS=(
   "tshark:tshark"
   "pkg-config:pkg-config"
+  "ip:iproute2"
+  "nft:nftables"
 )
 
 missing=()
