@@ -77,7 +77,7 @@ impl RingLayout {
             && mem.contains(self.data, self.size)
     }
 
-    fn u64_at(&self, mem: &SharedMemory, off: usize) -> &AtomicU64 {
+    fn u64_at<'m>(&self, mem: &'m SharedMemory, off: usize) -> &'m AtomicU64 {
         mem.atomic_u64(self.control + off)
             .unwrap_or_else(|| unreachable!("layout checked by `fits`"))
     }
@@ -94,12 +94,16 @@ impl RingLayout {
 
     /// Whether the producer said it will send no more.
     pub fn producer_closed(&self, mem: &SharedMemory) -> bool {
-        self.u32_at(mem, ctl::PRODUCER_CLOSED).load(Ordering::SeqCst) != 0
+        self.u32_at(mem, ctl::PRODUCER_CLOSED)
+            .load(Ordering::SeqCst)
+            != 0
     }
 
     /// Whether the consumer said it will read no more.
     pub fn consumer_closed(&self, mem: &SharedMemory) -> bool {
-        self.u32_at(mem, ctl::CONSUMER_CLOSED).load(Ordering::SeqCst) != 0
+        self.u32_at(mem, ctl::CONSUMER_CLOSED)
+            .load(Ordering::SeqCst)
+            != 0
     }
 }
 
@@ -144,9 +148,10 @@ impl RingProducer {
     /// Reloads the consumer's head and checks it.
     fn reload_head(&mut self, mem: &SharedMemory) -> Result<(), RingError> {
         let head = self.layout.u64_at(mem, ctl::HEAD).load(Ordering::Acquire);
-        if head > self.published || self.published - head > self.size() || head < self.head_cache
-        {
-            return Err(RingError::Corrupt("consumer head outside the published range"));
+        if head > self.published || self.published - head > self.size() || head < self.head_cache {
+            return Err(RingError::Corrupt(
+                "consumer head outside the published range",
+            ));
         }
         self.head_cache = head;
         Ok(())
@@ -505,7 +510,9 @@ mod tests {
     #[test]
     fn a_tail_beyond_the_ring_is_corruption_not_a_read() {
         let (mem, _p, mut c) = setup(128);
-        mem.atomic_u64(ctl::TAIL).unwrap().store(1 << 40, Ordering::SeqCst);
+        mem.atomic_u64(ctl::TAIL)
+            .unwrap()
+            .store(1 << 40, Ordering::SeqCst);
         assert!(c.next_record(&mem).is_err());
     }
 
@@ -521,7 +528,9 @@ mod tests {
     #[test]
     fn a_head_past_the_tail_is_corruption() {
         let (mem, mut p, _c) = setup(128);
-        mem.atomic_u64(ctl::HEAD).unwrap().store(64, Ordering::SeqCst);
+        mem.atomic_u64(ctl::HEAD)
+            .unwrap()
+            .store(64, Ordering::SeqCst);
         assert!(p.free(&mem).is_err());
     }
 }

@@ -138,9 +138,7 @@ impl SharedMemory {
     /// Whether `[offset, offset + len)` lies inside the mapping.
     #[inline]
     pub fn contains(&self, offset: usize, len: usize) -> bool {
-        offset
-            .checked_add(len)
-            .is_some_and(|end| end <= self.len)
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
     }
 
     /// The 64-bit atomic at `offset`; `None` when out of bounds or not
@@ -193,7 +191,11 @@ impl SharedMemory {
         }
         // SAFETY: the source range is inside the mapping; `dst` is private.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
         };
         true
     }
@@ -359,6 +361,17 @@ impl EventFd {
     }
 }
 
+/// Registers `bell` with the current tokio runtime's reactor for read
+/// readiness. Must be called inside a runtime.
+pub fn register_bell(bell: EventFd) -> io::Result<tokio::io::unix::AsyncFd<EventFd>> {
+    // SAFETY: the descriptor is owned by `bell`, which the AsyncFd owns and
+    // never swaps out; it stays open and the same until the AsyncFd drops.
+    let fd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(bell, tokio::io::Interest::READABLE)
+    };
+    fd.map_err(io::Error::from)
+}
+
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
@@ -377,9 +390,16 @@ pub const MAX_FDS: usize = 8;
 /// Sends `data` and the descriptors `fds` as one message on the Unix
 /// socket `sock` (`SCM_RIGHTS`). Non-blocking sockets may return
 /// `WouldBlock`.
-pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+pub fn send_with_fds(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
     if fds.len() > MAX_FDS || data.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad fd message"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad fd message",
+        ));
     }
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let fd_bytes = std::mem::size_of_val(raw.as_slice());
@@ -429,7 +449,8 @@ pub fn recv_with_fds(
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
     // SAFETY: pure computation.
-    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space =
+        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut control = vec![0u64; space.div_ceil(8)];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
@@ -518,7 +539,11 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no such cpu"));
         }
         libc::CPU_SET(cpu, &mut set);
-        check(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set))?;
+        check(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))?;
     }
     Ok(())
 }
@@ -527,11 +552,6 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 pub fn memfd_name(what: &str) -> std::ffi::CString {
     let clean: String = what.chars().filter(|c| *c != '\0').take(200).collect();
     std::ffi::CString::new(format!("uniplane-{clean}")).unwrap_or_default()
-}
-
-/// The name as a `&CStr`, for [`SharedMemory::create`].
-pub fn as_cstr(name: &std::ffi::CString) -> &CStr {
-    name.as_c_str()
 }
 
 #[cfg(test)]
