@@ -71,3 +71,79 @@ impl Encoder<&Message> for MessageCodec {
         Ok(())
     }
 }
+
+/// A byte stream (TCP, Unix socket) carrying messages, as a [`Link`](crate::Link).
+pub struct FramedLink<T> {
+    inner: tokio_util::codec::Framed<T, MessageCodec>,
+}
+
+impl<T> FramedLink<T>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    /// Frames messages on `io`.
+    pub fn new(io: T) -> Self {
+        FramedLink {
+            inner: tokio_util::codec::Framed::new(io, MessageCodec::new()),
+        }
+    }
+
+    /// The byte stream.
+    pub fn get_ref(&self) -> &T {
+        self.inner.get_ref()
+    }
+}
+
+impl<T> futures_core::Stream for FramedLink<T>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    type Item = Result<Message, LinkError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_next(cx)
+    }
+}
+
+impl<T> futures_sink::Sink<Message> for FramedLink<T>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    type Error = LinkError;
+
+    fn poll_ready(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), LinkError>> {
+        futures_sink::Sink::<Message>::poll_ready(std::pin::Pin::new(&mut self.get_mut().inner), cx)
+    }
+
+    fn start_send(self: std::pin::Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
+        futures_sink::Sink::<Message>::start_send(
+            std::pin::Pin::new(&mut self.get_mut().inner),
+            item,
+        )
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), LinkError>> {
+        futures_sink::Sink::<Message>::poll_flush(std::pin::Pin::new(&mut self.get_mut().inner), cx)
+    }
+
+    fn poll_close(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), LinkError>> {
+        futures_sink::Sink::<Message>::poll_close(std::pin::Pin::new(&mut self.get_mut().inner), cx)
+    }
+}
+
+impl<T> crate::Link for FramedLink<T> where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin
+{
+}

@@ -42,7 +42,7 @@ pub mod stack;
 mod uid;
 pub mod wire;
 
-pub use link::{BoxLink, Link, LinkError, LinkExt};
+pub use link::{bridge, BoxLink, Link, LinkError, LinkExt};
 pub use message::Message;
 pub use rng::SplitMix64;
 pub use stack::{BoxListener, Capabilities, Locator, Stack, StackError, StackFuture};

@@ -164,3 +164,64 @@ pub trait LinkExt: Link {
 }
 
 impl<L: Link + ?Sized> LinkExt for L {}
+
+/// Moves messages both ways between two links until either ends, in
+/// batches: one task, no copies. Returns how the bridge ended: `Ok` when a
+/// side's stream ended, the first error otherwise. Messages in flight when
+/// one side ends are flushed to the other first.
+pub async fn bridge<A: Link, B: Link>(mut a: A, mut b: B) -> Result<(), LinkError> {
+    let mut ab = Half::default();
+    let mut ba = Half::default();
+    poll_fn(|cx| loop {
+        let p1 = ab.poll(cx, &mut a, &mut b)?;
+        let p2 = ba.poll(cx, &mut b, &mut a)?;
+        if ab.ended || ba.ended {
+            return Poll::Ready(Ok(()));
+        }
+        if !p1 && !p2 {
+            return Poll::Pending;
+        }
+    })
+    .await
+}
+
+/// One direction of a [`bridge`].
+#[derive(Default)]
+struct Half {
+    buf: Vec<Message>,
+    pending: VecDeque<Message>,
+    ended: bool,
+}
+
+impl Half {
+    /// Moves what it can from `from` to `to`; true when something moved.
+    fn poll<F: Link, T: Link>(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut F,
+        to: &mut T,
+    ) -> Result<bool, LinkError> {
+        let mut progress = false;
+        if self.pending.is_empty() && !self.ended {
+            self.buf.clear();
+            match from.poll_recv_batch(cx, &mut self.buf, 64) {
+                Poll::Ready(Ok(0)) => self.ended = true,
+                Poll::Ready(Ok(_)) => progress = true,
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
+            }
+            self.pending.extend(self.buf.drain(..));
+        }
+        if !self.pending.is_empty() {
+            let before = self.pending.len();
+            if let Poll::Ready(r) = to.poll_send_batch(cx, &mut self.pending) {
+                r?;
+            }
+            progress |= self.pending.len() < before;
+            if let Poll::Ready(r) = Pin::new(&mut *to).poll_flush(cx) {
+                r?;
+            }
+        }
+        Ok(progress)
+    }
+}

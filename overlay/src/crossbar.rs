@@ -126,6 +126,21 @@ impl Crossbar {
         self.sched[output as usize].set_policy(policy)
     }
 
+    /// Drops every message queued for `output` (its port is gone), and
+    /// every message its input had queued for others.
+    pub fn clear_output(&mut self, output: PortId) {
+        let o = output as usize;
+        for input in 0..self.ports {
+            let q = &mut self.voq[input * self.ports + o];
+            self.backlog[o] -= q.len();
+            q.clear();
+            let q = &mut self.voq[o * self.ports + input];
+            self.backlog[input] -= q.len();
+            q.clear();
+        }
+        let _ = self.sched[o].set_policy(Policy::RoundRobin);
+    }
+
     /// The policy of `output`.
     pub fn policy(&self, output: PortId) -> &Policy {
         self.sched[output as usize].policy()

@@ -152,6 +152,7 @@ enum PlaneOp {
     RemoveTranslation(ConnKey),
     SetPolicy(PortId, Policy),
     Counters(PortId),
+    Detach(PortId),
 }
 
 /// The overlay engine. See the module documentation.
@@ -226,6 +227,19 @@ impl Engine {
             .get_mut(id as usize)
             .and_then(Option::as_mut)
             .ok_or(PlaneError::NoSuchPort(id))
+    }
+
+    /// Removes port `id`, returning its last counters. Messages queued for
+    /// it (or from it) can no longer be delivered and go with it; routes
+    /// that name the port answer as misses until the control plane
+    /// removes them, and translations to it are removed.
+    pub fn detach(&mut self, id: PortId) -> Result<PortCounters, PlaneError> {
+        let counters = self.counters(id)?;
+        self.ports[id as usize] = None;
+        self.mtu[id as usize] = 0;
+        self.crossbar.clear_output(id);
+        self.translator.retain(|_, out| out != id);
+        Ok(counters)
     }
 
     /// The name of port `id`.
@@ -440,6 +454,7 @@ impl Engine {
             PlaneOp::RemoveTranslation(c) => self.remove_translation(c).map(|_| done),
             PlaneOp::SetPolicy(o, p) => self.set_policy(o, p).map(|_| done),
             PlaneOp::Counters(p) => self.counters(p),
+            PlaneOp::Detach(p) => self.detach(p),
         }
     }
 
@@ -645,6 +660,11 @@ impl EngineHandle {
         let (tx, rx) = sync_channel(1);
         self.send(Command::Plane(op, tx))?;
         rx.recv().map_err(|_| PlaneError::EngineGone)?
+    }
+
+    /// Removes a port from the running engine; see [`Engine::detach`].
+    pub fn detach(&self, port: PortId) -> Result<PortCounters, PlaneError> {
+        self.op(PlaneOp::Detach(port))
     }
 
     /// Attaches a port to the running engine; returns its number and the

@@ -37,6 +37,11 @@ impl Translator {
         self.entries.remove(&conn).is_some()
     }
 
+    /// Keeps only the entries `keep` approves.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ConnKey, PortId) -> bool) {
+        self.entries.retain(|k, v| keep(k, *v));
+    }
+
     /// Active connections steered.
     pub fn len(&self) -> usize {
         self.entries.len()

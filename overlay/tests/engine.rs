@@ -332,3 +332,20 @@ async fn a_spawned_engine_parks_when_idle_and_serves_its_handle() {
     let engine = handle.stop().expect("last handle");
     assert_eq!(engine.port_name(a), Some("a"));
 }
+
+#[test]
+fn a_detached_port_frees_its_slot_and_misses_are_answered() {
+    let (mut e, mut links) = engine_with_apps(3, EngineConfig::default());
+    try_send(&mut links[0], msg(1, 3, 1, 8)).unwrap();
+    flush(&mut links[0]);
+    e.step(Duration::ZERO);
+    e.detach(2).unwrap();
+    try_send(&mut links[0], msg(1, 3, 2, 8)).unwrap();
+    flush(&mut links[0]);
+    e.step(Duration::ZERO);
+    let answer = try_recv(&mut links[0]).unwrap();
+    assert_eq!(answer.header().status(), Status::NoRoute);
+    let (id, _link) = e.attach(PortSpec::app("again")).unwrap();
+    assert_eq!(id, 2, "the slot is reused");
+    assert!(e.counters(2).unwrap().tx_msgs == 0);
+}

@@ -1,0 +1,398 @@
+//! `uniplane`: the operator's command line for a running `uniplaned`.
+//!
+//! Human tables by default, one JSON document with `--json`. The daemon is
+//! found through `UNIPLANE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/uniplane`,
+//! else `/tmp/uniplane-$UID`.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use uniplane_dataplane::{Endpoint, MemoryAddress};
+use uniplane_services::client::{Client, ClientError};
+use uniplane_services::control::Request;
+
+/// Operate a uniplane host daemon.
+#[derive(Parser)]
+#[command(name = "uniplane", version, about)]
+struct Args {
+    /// Print one JSON document instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The daemon's identity, stacks and peers.
+    Status,
+    /// Local resources and their device IDs.
+    Resources,
+    /// The interconnection table and routes.
+    Routes,
+    /// Open connections.
+    Connections,
+    /// Counters of one device's port.
+    Tables {
+        /// Device number.
+        device: u16,
+    },
+    /// Counters of every port.
+    Stats,
+    /// Prometheus text of every metric.
+    Metrics,
+    /// Shows or sets a device port's scheduling policy.
+    Policy {
+        /// Device number.
+        device: u16,
+        /// rr, weighted:W0:W1:… or strict:C0/W0,C1/W1,…
+        #[arg(long)]
+        set: Option<String>,
+    },
+    /// Accepts connections on PORT and prints what arrives.
+    Listen {
+        /// Port.
+        port: u16,
+        /// Stop after this many messages.
+        #[arg(long, default_value_t = u64::MAX)]
+        count: u64,
+    },
+    /// Connects to ENDPOINT (SERVER:DEVICE/PORT) and sends data.
+    Send {
+        /// Destination endpoint.
+        endpoint: Endpoint,
+        /// The bytes to send.
+        #[arg(long)]
+        data: String,
+    },
+    /// Round trips through the overlay: `self` is this server's echo device.
+    Ping {
+        /// `self` or an endpoint SERVER:DEVICE/PORT that echoes.
+        target: String,
+        /// Round trips.
+        #[arg(long, default_value_t = 10)]
+        count: u32,
+        /// Payload bytes.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Pause between round trips, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        interval_ms: u64,
+    },
+    /// One-sided write of data at SERVER:DEVICE@ADDR.
+    Write {
+        /// Target memory address.
+        address: MemoryAddress,
+        /// The bytes to write.
+        #[arg(long)]
+        data: String,
+    },
+    /// One-sided read of LEN bytes at SERVER:DEVICE@ADDR.
+    Read {
+        /// Source memory address.
+        address: MemoryAddress,
+        /// Bytes to read.
+        #[arg(long)]
+        len: u16,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            if args.json {
+                println!("{}", json!({ "ok": false, "error": e.to_string() }));
+            } else {
+                eprintln!("uniplane: {e}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<(), ClientError> {
+    let client = Client::connect_default().await?;
+    let simple = |req: Request| req;
+    let req = match &args.command {
+        Command::Status => simple(Request::Status),
+        Command::Resources => Request::Resources,
+        Command::Routes => Request::Routes,
+        Command::Connections => Request::Connections,
+        Command::Tables { device } => Request::Tables { device: *device },
+        Command::Stats => Request::Stats,
+        Command::Metrics => {
+            let v = client.request(&Request::Metrics).await?;
+            if args.json {
+                println!("{v}");
+            } else {
+                print!("{}", v["text"].as_str().unwrap_or_default());
+            }
+            return Ok(());
+        }
+        Command::Policy { device, set } => Request::Policy {
+            device: *device,
+            set: set.clone(),
+        },
+        Command::Listen { port, count } => return listen(client, *port, *count, args.json).await,
+        Command::Send { endpoint, data } => return send(client, *endpoint, data, args.json).await,
+        Command::Ping {
+            target,
+            count,
+            size,
+            interval_ms,
+        } => return ping(client, target, *count, *size, *interval_ms, args.json).await,
+        Command::Write { address, data } => {
+            let s = client.attach("uniplane-cli").await?;
+            s.write(*address, Bytes::from(data.clone().into_bytes()))
+                .await?;
+            print(
+                args.json,
+                &json!({ "written": data.len(), "at": address.to_string() }),
+            );
+            return Ok(());
+        }
+        Command::Read { address, len } => {
+            let s = client.attach("uniplane-cli").await?;
+            let bytes = s.read(*address, *len).await?;
+            let text = String::from_utf8_lossy(&bytes).to_string();
+            print(
+                args.json,
+                &json!({ "at": address.to_string(), "len": bytes.len(), "hex": hex(&bytes), "text": text }),
+            );
+            return Ok(());
+        }
+    };
+    let v = client.request(&req).await?;
+    print(args.json, &v);
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Prints `v` as JSON or as a table of its rows.
+fn print(as_json: bool, v: &Value) {
+    if as_json {
+        println!("{v}");
+        return;
+    }
+    match v {
+        Value::Array(rows) if rows.iter().all(Value::is_object) && !rows.is_empty() => {
+            let mut cols: Vec<String> = Vec::new();
+            for r in rows {
+                for k in r.as_object().into_iter().flat_map(|o| o.keys()) {
+                    if !cols.contains(k) {
+                        cols.push(k.clone());
+                    }
+                }
+            }
+            let cell = |v: &Value| match v {
+                Value::String(s) => s.clone(),
+                Value::Null => "-".into(),
+                Value::Number(n) if n.is_f64() => format!("{:.1}", n.as_f64().unwrap_or(0.0)),
+                other => other.to_string(),
+            };
+            let table: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| cols.iter().map(|c| cell(&r[c])).collect())
+                .collect();
+            let widths: Vec<usize> = cols
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    table
+                        .iter()
+                        .map(|r| r[i].len())
+                        .chain([c.len()])
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            let line = |cells: Vec<&str>| {
+                cells
+                    .iter()
+                    .zip(&widths)
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect::<Vec<_>>()
+                    .join("  ")
+                    .trim_end()
+                    .to_string()
+            };
+            println!("{}", line(cols.iter().map(String::as_str).collect()));
+            for r in &table {
+                println!("{}", line(r.iter().map(String::as_str).collect()));
+            }
+        }
+        Value::Array(rows) if rows.is_empty() => println!("(none)"),
+        Value::Object(map) => {
+            let w = map.keys().map(String::len).max().unwrap_or(0);
+            for (k, v) in map {
+                let text = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Array(a) if a.iter().all(|x| !x.is_object()) => a
+                        .iter()
+                        .map(|x| x.as_str().map_or(x.to_string(), str::to_owned))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    other => other.to_string(),
+                };
+                println!("{k:<w$}  {text}");
+            }
+        }
+        other => println!("{other}"),
+    }
+}
+
+async fn listen(client: Client, port: u16, count: u64, as_json: bool) -> Result<(), ClientError> {
+    let session = client.attach("uniplane-listen").await?;
+    let mut listener = session.listen(port).await?;
+    if !as_json {
+        eprintln!("listening at {}/{port}", session.uid());
+    }
+    let mut seen = 0;
+    while seen < count {
+        let Some(mut conn) = listener.accept().await else {
+            break;
+        };
+        while let Some(m) = conn.recv().await {
+            let m = m?;
+            seen += 1;
+            let text = String::from_utf8_lossy(m.payload()).to_string();
+            if as_json {
+                println!(
+                    "{}",
+                    json!({ "from": conn.remote().to_string(), "seq": m.header().seqnum, "len": m.payload().len(), "text": text })
+                );
+            } else {
+                println!("{} #{}: {text}", conn.remote(), m.header().seqnum);
+            }
+            if seen >= count {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn send(
+    client: Client,
+    endpoint: Endpoint,
+    data: &str,
+    as_json: bool,
+) -> Result<(), ClientError> {
+    let session = client.attach("uniplane-send").await?;
+    let mut conn = session.connect(endpoint).await?;
+    conn.send_bytes(Bytes::from(data.to_owned().into_bytes()))
+        .await?;
+    print(
+        as_json,
+        &json!({ "to": endpoint.to_string(), "from": conn.local().to_string(), "sent": data.len() }),
+    );
+    session.close(conn).await
+}
+
+async fn ping(
+    client: Client,
+    target: &str,
+    count: u32,
+    size: usize,
+    interval_ms: u64,
+    as_json: bool,
+) -> Result<(), ClientError> {
+    let endpoint = if target == "self" {
+        let resources = client.request(&Request::Resources).await?;
+        let echo = resources
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["kind"] == "echo"))
+            .and_then(|r| r["uid"].as_str())
+            .ok_or_else(|| ClientError::Protocol("this daemon hosts no echo device".into()))?;
+        let uid: uniplane_dataplane::Uid = echo
+            .parse()
+            .map_err(|e| ClientError::Protocol(format!("{e}")))?;
+        uid.port(7)
+    } else {
+        target
+            .parse::<Endpoint>()
+            .map_err(|e| ClientError::Protocol(e.to_string()))?
+    };
+    let session = client.attach("uniplane-ping").await?;
+    let mut conn = session.connect(endpoint).await?;
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let payload = Bytes::from(vec![0x5a; size]);
+    if !as_json {
+        println!("PING {endpoint} from {}: {size} bytes", conn.local());
+    }
+    let mut lost = 0;
+    for i in 0..count {
+        let start = Instant::now();
+        let m = conn.message(payload.clone())?;
+        let seq = m.header().seqnum;
+        futures_util::SinkExt::send(&mut conn, m).await?;
+        let reply = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match conn.recv().await {
+                    Some(Ok(r)) if r.header().seqnum == seq => return Some(Ok(r)),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Some(Err(e)),
+                    None => return None,
+                }
+            }
+        })
+        .await;
+        let rtt = start.elapsed();
+        match reply {
+            Ok(Some(Ok(r))) => {
+                hist.record(rtt.as_nanos().max(1) as u64).ok();
+                if !as_json {
+                    println!(
+                        "{} bytes from {}: seq={i} time={:.1} µs",
+                        r.payload().len(),
+                        endpoint,
+                        rtt.as_secs_f64() * 1e6
+                    );
+                }
+            }
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(None) => return Err(ClientError::Protocol("connection closed".into())),
+            Err(_) => {
+                lost += 1;
+                if !as_json {
+                    println!("seq={i} timed out");
+                }
+            }
+        }
+        if interval_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+        }
+    }
+    let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
+    let summary = json!({
+        "target": endpoint.to_string(), "count": count, "received": count - lost, "lost": lost, "size": size,
+        "rtt_us": { "min": hist.min() as f64 / 1000.0, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": hist.max() as f64 / 1000.0 },
+    });
+    if as_json {
+        println!("{summary}");
+    } else {
+        println!(
+            "--- {endpoint} ping: {} sent, {} received, {lost} lost; rtt min/p50/p90/p99/max = {:.1}/{:.1}/{:.1}/{:.1}/{:.1} µs",
+            count,
+            count - lost,
+            hist.min() as f64 / 1000.0,
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            hist.max() as f64 / 1000.0
+        );
+    }
+    session.close(conn).await
+}

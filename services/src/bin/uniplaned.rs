@@ -1,0 +1,101 @@
+//! `uniplaned`: the uniplane host daemon.
+//!
+//! With no arguments it runs on its embedded default configuration (one
+//! server, loopback stacks, an echo device); `--config FILE` runs a real
+//! deployment. Logs go to stderr (`RUST_LOG` filters them).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use uniplane_services::config::{Config, DEFAULT_CONFIG};
+use uniplane_services::Daemon;
+
+/// The uniplane host daemon.
+#[derive(Parser)]
+#[command(name = "uniplaned", version, about)]
+struct Args {
+    /// Configuration file (TOML); without it the embedded default is used.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    check: bool,
+    /// Print the embedded default configuration and exit.
+    #[arg(long)]
+    print_default_config: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if args.print_default_config {
+        print!("{DEFAULT_CONFIG}");
+        return std::process::ExitCode::SUCCESS;
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match &args.config {
+        Some(path) => Config::load(path),
+        None => Config::embedded(),
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("uniplaned: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    if args.check {
+        println!(
+            "configuration is valid: server {}, {} stacks, {} devices, {} peers",
+            config.server,
+            config.stacks.len(),
+            config.devices.len(),
+            config.peers.len()
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("uniplaned: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let daemon = match Daemon::start(config).await {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("uniplaned: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        eprintln!(
+            "uniplaned: server {} ready; control socket in {} (try `uniplane status` and `uniplane ping self`)",
+            daemon.server(),
+            daemon.runtime_dir().display()
+        );
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("uniplaned: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        daemon.shutdown();
+        eprintln!("uniplaned: stopped");
+        std::process::ExitCode::SUCCESS
+    })
+}

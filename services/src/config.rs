@@ -1,0 +1,781 @@
+//! The daemon's configuration: an embedded default for one server, or a
+//! TOML file for real deployments (servers, local resources, stacks,
+//! neighbours, scheduling, access policy) — the role of Galapagos's
+//! cluster map.
+//!
+//! A bad file is refused with the file, the line and column, the field and
+//! what was expected.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+use toml::Spanned;
+use uniplane_dataplane::wire::ReqType;
+use uniplane_dataplane::Uid;
+
+/// The embedded default configuration (`uniplaned` with no arguments).
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Io {
+        /// The file.
+        file: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or a field has the wrong type.
+    #[error("{file}:{line}:{column}: {message}")]
+    Syntax {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// A field's value is not acceptable.
+    #[error("{file}:{line}:{column}: field `{field}`: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The field.
+        field: String,
+        /// What was expected.
+        message: String,
+    },
+}
+
+/// Where a value came from, for error messages.
+#[derive(Clone, Debug)]
+struct Source<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn position(&self, offset: usize) -> (usize, usize) {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before
+            .rfind('\n')
+            .map_or(before.len(), |i| before.len() - i - 1)
+            + 1;
+        (line, column)
+    }
+
+    fn invalid<T>(
+        &self,
+        span: std::ops::Range<usize>,
+        field: &str,
+        message: impl fmt::Display,
+    ) -> Result<T, ConfigError> {
+        let (line, column) = self.position(span.start);
+        Err(ConfigError::Invalid {
+            file: self.file.to_owned(),
+            line,
+            column,
+            field: field.to_owned(),
+            message: message.to_string(),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    runtime: RawRuntime,
+    #[serde(default)]
+    engine: RawEngine,
+    #[serde(default)]
+    stacks: Vec<RawStack>,
+    #[serde(default)]
+    devices: Vec<RawDevice>,
+    #[serde(default)]
+    peers: Vec<RawPeer>,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+    #[serde(default)]
+    policy: RawPolicy,
+    #[serde(default)]
+    failure: RawFailure,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    id: Option<Spanned<String>>,
+    name: Option<String>,
+    peer_listen: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    dir: Option<PathBuf>,
+    metrics: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEngine {
+    max_ports: Option<usize>,
+    ring_depth: Option<usize>,
+    voq_depth: Option<usize>,
+    table_capacity: Option<usize>,
+    mode: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStack {
+    name: Spanned<String>,
+    listen: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: String,
+    kind: Spanned<String>,
+    device: Option<u16>,
+    #[serde(default)]
+    memory: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    server: Spanned<String>,
+    address: Spanned<String>,
+    stack: Option<Spanned<String>>,
+    tunnel: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    from: Spanned<String>,
+    via: Spanned<String>,
+    to: Spanned<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    default: Option<Spanned<String>>,
+    #[serde(default)]
+    rules: Vec<RawRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    src: Spanned<String>,
+    dst: Spanned<String>,
+    #[serde(default)]
+    types: Vec<Spanned<String>>,
+    action: Spanned<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFailure {
+    heartbeat_ms: Option<u64>,
+    misses: Option<u32>,
+}
+
+/// A UID pattern: `*`, `SERVER:*`, `SERVER:DEVICE`, or `A.B.C.D/LEN:*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UidPattern {
+    /// The pattern's value.
+    pub key: Uid,
+    /// Which of the 48 bits must match.
+    pub mask: u64,
+}
+
+impl UidPattern {
+    /// Matches every UID.
+    pub const ANY: UidPattern = UidPattern {
+        key: Uid::from_bytes([0; 6]),
+        mask: 0,
+    };
+
+    /// Whether `uid` matches.
+    pub fn matches(&self, uid: Uid) -> bool {
+        (uid.to_u64() ^ self.key.to_u64()) & self.mask == 0
+    }
+}
+
+impl FromStr for UidPattern {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "*" {
+            return Ok(UidPattern::ANY);
+        }
+        let (server, device) = s.rsplit_once(':').ok_or_else(|| {
+            format!("`{s}` is not a UID pattern such as *, 10.0.0.7:*, 10.0.0.7:3 or 10.0.0.0/24:*")
+        })?;
+        let (ip, prefix) = match server.split_once('/') {
+            Some((ip, len)) => (
+                ip,
+                len.parse::<u32>()
+                    .ok()
+                    .filter(|l| *l <= 32)
+                    .ok_or_else(|| format!("`{len}` is not a prefix length from 0 to 32"))?,
+            ),
+            None => (server, 32),
+        };
+        let ip: Ipv4Addr = ip
+            .parse()
+            .map_err(|_| format!("`{ip}` is not an IPv4 address"))?;
+        let server_mask = if prefix == 0 {
+            0
+        } else {
+            (u32::MAX << (32 - prefix)) as u64
+        } << 16;
+        let (device, device_mask) = if device == "*" {
+            (0, 0)
+        } else {
+            (
+                device
+                    .parse::<u16>()
+                    .map_err(|_| format!("`{device}` is not a device number or *"))?,
+                0xffff,
+            )
+        };
+        Ok(UidPattern {
+            key: Uid::new(ip, device),
+            mask: server_mask | device_mask,
+        })
+    }
+}
+
+/// One access rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyRule {
+    /// Who sends.
+    pub src: UidPattern,
+    /// Who receives.
+    pub dst: UidPattern,
+    /// Request types covered (`None`: all).
+    pub types: Option<Vec<ReqType>>,
+    /// Allow or deny.
+    pub allow: bool,
+}
+
+/// What happens when no rule matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DefaultAction {
+    /// Everything is allowed.
+    Allow,
+    /// Everything is denied.
+    Deny,
+    /// Traffic between resources of this server is allowed; the rest denied.
+    AllowLocal,
+}
+
+/// A stack the daemon runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackConfig {
+    /// The stack's name (`tcp`, `udp`, `ltl`, `mem`, …).
+    pub name: String,
+    /// Where its tunnel listener binds, for stacks over IP.
+    pub listen: Option<SocketAddr>,
+}
+
+/// The kinds of local device the daemon can host itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// Answers SEND with the same payload and serves WRTE/READ on its memory.
+    Echo,
+    /// A memory region served by WRTE/READ.
+    Memory,
+    /// Sends everything it receives back into the overlay: a hop of
+    /// multi-hop routes.
+    Relay,
+}
+
+/// A device hosted by the daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Its name.
+    pub name: String,
+    /// Its kind.
+    pub kind: DeviceKind,
+    /// A fixed device number, or the next free one.
+    pub device: Option<u16>,
+    /// Bytes of memory it serves.
+    pub memory: usize,
+}
+
+/// A neighbouring server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Its server ID.
+    pub server: Ipv4Addr,
+    /// Its daemon's peer address.
+    pub address: SocketAddr,
+    /// The stack tunnels to it use.
+    pub stack: String,
+    /// Where its tunnel listener for that stack is.
+    pub tunnel: SocketAddr,
+}
+
+/// A multi-hop route: traffic from `from` to `to` goes through `via`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteConfig {
+    /// Source device name.
+    pub from: String,
+    /// Relay device name.
+    pub via: String,
+    /// Destination: a UID pattern.
+    pub to: UidPattern,
+}
+
+/// How the engine thread waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineMode {
+    /// Never sleeps.
+    BusyPoll,
+    /// Spins briefly, then parks until woken.
+    SpinThenPark,
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This server's ID.
+    pub server: Ipv4Addr,
+    /// A human name.
+    pub name: String,
+    /// Where peer daemons reach this one.
+    pub peer_listen: SocketAddr,
+    /// Runtime directory (control socket), if set in the file.
+    pub runtime_dir: Option<PathBuf>,
+    /// Prometheus metrics listener, if any.
+    pub metrics: Option<SocketAddr>,
+    /// Engine sizes.
+    pub max_ports: usize,
+    /// Ring depth per port.
+    pub ring_depth: usize,
+    /// VOQ depth.
+    pub voq_depth: usize,
+    /// Forwarding entries per port.
+    pub table_capacity: usize,
+    /// Engine wait mode.
+    pub mode: EngineMode,
+    /// Stacks.
+    pub stacks: Vec<StackConfig>,
+    /// Devices hosted by the daemon.
+    pub devices: Vec<DeviceConfig>,
+    /// Neighbours.
+    pub peers: Vec<PeerConfig>,
+    /// Multi-hop routes.
+    pub routes: Vec<RouteConfig>,
+    /// Default access action.
+    pub default_action: DefaultAction,
+    /// Access rules, first match wins.
+    pub rules: Vec<PolicyRule>,
+    /// Heartbeat interval.
+    pub heartbeat: std::time::Duration,
+    /// Missed heartbeats that declare a peer failed.
+    pub misses: u32,
+}
+
+impl Config {
+    /// The embedded default: one server on loopback stacks with an echo
+    /// device. Stacks this build lacks are left out.
+    pub fn embedded() -> Result<Config, ConfigError> {
+        let mut c = Config::parse(DEFAULT_CONFIG, "<embedded default>")?;
+        c.stacks
+            .retain(|s| uniplane_stacks::STACK_NAMES.contains(&s.name.as_str()));
+        Ok(c)
+    }
+
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    /// Validates configuration text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let src = Source { file, text };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map_or((1, 1), |s| src.position(s.start));
+            ConfigError::Syntax {
+                file: file.to_owned(),
+                line,
+                column,
+                message: e.message().to_owned(),
+            }
+        })?;
+
+        let server = match &raw.server.id {
+            Some(id) => match id.get_ref().parse::<Ipv4Addr>() {
+                Ok(ip) => ip,
+                Err(_) => {
+                    return src.invalid(
+                        id.span(),
+                        "server.id",
+                        format!("`{}` is not an IPv4 address", id.get_ref()),
+                    )
+                }
+            },
+            None => detect_server_id(),
+        };
+        let peer_listen = parse_addr(&src, raw.server.peer_listen.as_ref(), "server.peer_listen")?
+            .unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 7460)));
+        let metrics = parse_addr(&src, raw.runtime.metrics.as_ref(), "runtime.metrics")?;
+        let mode = match raw.engine.mode.as_ref() {
+            None => EngineMode::SpinThenPark,
+            Some(m) => match m.get_ref().as_str() {
+                "busy-poll" => EngineMode::BusyPoll,
+                "spin-then-park" => EngineMode::SpinThenPark,
+                other => {
+                    return src.invalid(
+                        m.span(),
+                        "engine.mode",
+                        format!("`{other}`: expected \"busy-poll\" or \"spin-then-park\""),
+                    )
+                }
+            },
+        };
+
+        let mut stacks = Vec::new();
+        for s in &raw.stacks {
+            let name = s.name.get_ref();
+            if !KNOWN_STACKS.contains(&name.as_str()) {
+                return src.invalid(
+                    s.name.span(),
+                    "stacks.name",
+                    format!(
+                        "unknown stack `{name}`: expected one of {}",
+                        KNOWN_STACKS.join(", ")
+                    ),
+                );
+            }
+            stacks.push(StackConfig {
+                name: name.clone(),
+                listen: parse_addr(&src, s.listen.as_ref(), "stacks.listen")?,
+            });
+        }
+
+        let mut devices = Vec::new();
+        for d in &raw.devices {
+            let kind = match d.kind.get_ref().as_str() {
+                "echo" => DeviceKind::Echo,
+                "memory" => DeviceKind::Memory,
+                "relay" => DeviceKind::Relay,
+                other => {
+                    return src.invalid(
+                        d.kind.span(),
+                        "devices.kind",
+                        format!("`{other}`: expected \"echo\", \"memory\" or \"relay\""),
+                    )
+                }
+            };
+            devices.push(DeviceConfig {
+                name: d.name.clone(),
+                kind,
+                device: d.device,
+                memory: d.memory,
+            });
+        }
+
+        let mut peers = Vec::new();
+        for p in &raw.peers {
+            let server = match p.server.get_ref().parse::<Ipv4Addr>() {
+                Ok(ip) => ip,
+                Err(_) => {
+                    return src.invalid(
+                        p.server.span(),
+                        "peers.server",
+                        format!("`{}` is not an IPv4 address", p.server.get_ref()),
+                    )
+                }
+            };
+            let Some(address) = parse_addr(&src, Some(&p.address), "peers.address")? else {
+                unreachable!("address is required")
+            };
+            let stack = match &p.stack {
+                Some(s) if !KNOWN_STACKS.contains(&s.get_ref().as_str()) => {
+                    return src.invalid(
+                        s.span(),
+                        "peers.stack",
+                        format!("unknown stack `{}`", s.get_ref()),
+                    );
+                }
+                Some(s) => s.get_ref().clone(),
+                None => "tcp".to_owned(),
+            };
+            let tunnel = parse_addr(&src, p.tunnel.as_ref(), "peers.tunnel")?
+                .unwrap_or(SocketAddr::new(address.ip(), 7470));
+            peers.push(PeerConfig {
+                server,
+                address,
+                stack,
+                tunnel,
+            });
+        }
+
+        let mut routes = Vec::new();
+        for r in &raw.routes {
+            for (field, name) in [("routes.from", &r.from), ("routes.via", &r.via)] {
+                if !devices.iter().any(|d| &d.name == name.get_ref()) {
+                    return src.invalid(
+                        name.span(),
+                        field,
+                        format!("no device named `{}`", name.get_ref()),
+                    );
+                }
+            }
+            let to = match r.to.get_ref().parse() {
+                Ok(p) => p,
+                Err(e) => return src.invalid(r.to.span(), "routes.to", e),
+            };
+            routes.push(RouteConfig {
+                from: r.from.get_ref().clone(),
+                via: r.via.get_ref().clone(),
+                to,
+            });
+        }
+
+        let default_action = match raw.policy.default.as_ref() {
+            None => DefaultAction::AllowLocal,
+            Some(d) => match d.get_ref().as_str() {
+                "allow" => DefaultAction::Allow,
+                "deny" => DefaultAction::Deny,
+                "allow-local" => DefaultAction::AllowLocal,
+                other => {
+                    return src.invalid(
+                        d.span(),
+                        "policy.default",
+                        format!("`{other}`: expected \"allow\", \"deny\" or \"allow-local\""),
+                    )
+                }
+            },
+        };
+        let mut rules = Vec::new();
+        for r in &raw.policy.rules {
+            let pattern = |s: &Spanned<String>, field: &str| -> Result<UidPattern, ConfigError> {
+                s.get_ref()
+                    .parse()
+                    .or_else(|e: String| src.invalid(s.span(), field, e))
+            };
+            let types = if r.types.is_empty() || r.types.iter().any(|t| t.get_ref() == "*") {
+                None
+            } else {
+                let mut v = Vec::new();
+                for t in &r.types {
+                    match ReqType::ALL
+                        .iter()
+                        .find(|k| k.name() == t.get_ref().as_str())
+                    {
+                        Some(k) => v.push(*k),
+                        None => {
+                            return src.invalid(
+                                t.span(),
+                                "policy.rules.types",
+                                format!(
+                                    "unknown request type `{}` (SEND, WRTE, READ, …)",
+                                    t.get_ref()
+                                ),
+                            )
+                        }
+                    }
+                }
+                Some(v)
+            };
+            let allow = match r.action.get_ref().as_str() {
+                "allow" => true,
+                "deny" => false,
+                other => {
+                    return src.invalid(
+                        r.action.span(),
+                        "policy.rules.action",
+                        format!("`{other}`: expected \"allow\" or \"deny\""),
+                    )
+                }
+            };
+            rules.push(PolicyRule {
+                src: pattern(&r.src, "policy.rules.src")?,
+                dst: pattern(&r.dst, "policy.rules.dst")?,
+                types,
+                allow,
+            });
+        }
+
+        Ok(Config {
+            server,
+            name: raw.server.name.unwrap_or_else(|| "uniplane".to_owned()),
+            peer_listen,
+            runtime_dir: raw.runtime.dir,
+            metrics,
+            max_ports: raw.engine.max_ports.unwrap_or(32).clamp(2, 256),
+            ring_depth: raw.engine.ring_depth.unwrap_or(1024).max(2),
+            voq_depth: raw.engine.voq_depth.unwrap_or(64).max(1),
+            table_capacity: raw.engine.table_capacity.unwrap_or(4096).max(1),
+            mode,
+            stacks,
+            devices,
+            peers,
+            routes,
+            default_action,
+            rules,
+            heartbeat: std::time::Duration::from_millis(
+                raw.failure.heartbeat_ms.unwrap_or(100).max(1),
+            ),
+            misses: raw.failure.misses.unwrap_or(5).max(1),
+        })
+    }
+
+    /// Whether the policy lets `src` open or use a connection to `dst`
+    /// with requests of type `kind`.
+    pub fn allows(&self, src: Uid, dst: Uid, kind: ReqType) -> bool {
+        for r in &self.rules {
+            let typed = r.types.as_ref().is_none_or(|t| t.contains(&kind));
+            if r.src.matches(src) && r.dst.matches(dst) && typed {
+                return r.allow;
+            }
+        }
+        match self.default_action {
+            DefaultAction::Allow => true,
+            DefaultAction::Deny => false,
+            DefaultAction::AllowLocal => src.server() == self.server && dst.server() == self.server,
+        }
+    }
+}
+
+/// Stack names a configuration may use.
+pub const KNOWN_STACKS: &[&str] = &[
+    "mem", "shm", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk",
+];
+
+fn parse_addr(
+    src: &Source<'_>,
+    value: Option<&Spanned<String>>,
+    field: &str,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    match value {
+        None => Ok(None),
+        Some(v) => match v.get_ref().parse::<SocketAddr>() {
+            Ok(a) => Ok(Some(a)),
+            Err(_) => src.invalid(
+                v.span(),
+                field,
+                format!("`{}` is not an address such as 127.0.0.1:7470", v.get_ref()),
+            ),
+        },
+    }
+}
+
+/// The first non-loopback IPv4 address of this host, else 127.0.0.1.
+///
+/// Found without sending anything: a UDP socket "connected" to a
+/// documentation address reveals the source address routing would pick.
+pub fn detect_server_id() -> Ipv4Addr {
+    let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).map(|_| s))
+        .and_then(|s| s.local_addr());
+    match probe {
+        Ok(SocketAddr::V4(a)) if !a.ip().is_loopback() && !a.ip().is_unspecified() => *a.ip(),
+        _ => Ipv4Addr::LOCALHOST,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_default_is_valid() {
+        let c = Config::embedded().unwrap();
+        assert!(c.devices.iter().any(|d| d.kind == DeviceKind::Echo));
+        assert!(c.stacks.iter().any(|s| s.name == "tcp"));
+    }
+
+    #[test]
+    fn syntax_errors_give_file_line_and_column() {
+        let err = Config::parse("[server]\nid = 10.0.0.1\n", "x.toml").unwrap_err();
+        let ConfigError::Syntax { file, line, .. } = &err else {
+            panic!("{err}")
+        };
+        assert_eq!((file.as_str(), *line), ("x.toml", 2));
+    }
+
+    #[test]
+    fn a_bad_value_names_the_field_and_what_was_expected() {
+        let text = "[server]\nname = \"a\"\n\n[[stacks]]\nname = \"carrier-pigeon\"\n";
+        let err = Config::parse(text, "c.toml").unwrap_err().to_string();
+        assert!(err.starts_with("c.toml:5:8: field `stacks.name`"), "{err}");
+        assert!(err.contains("expected one of"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = Config::parse("[server]\nide = \"1.2.3.4\"\n", "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("c.toml:2:1"), "{err}");
+        assert!(err.contains("unknown field `ide`"), "{err}");
+    }
+
+    #[test]
+    fn uid_patterns_parse_and_match() {
+        let p: UidPattern = "10.0.0.0/24:*".parse().unwrap();
+        assert!(p.matches("10.0.0.9:4".parse().unwrap()));
+        assert!(!p.matches("10.0.1.9:4".parse().unwrap()));
+        let e: UidPattern = "10.0.0.7:3".parse().unwrap();
+        assert!(e.matches("10.0.0.7:3".parse().unwrap()));
+        assert!(!e.matches("10.0.0.7:4".parse().unwrap()));
+        assert!(UidPattern::ANY.matches("1.2.3.4:5".parse().unwrap()));
+        assert!("10.0.0.7".parse::<UidPattern>().is_err());
+        assert!("10.0.0.0/33:*".parse::<UidPattern>().is_err());
+    }
+
+    #[test]
+    fn rules_decide_first_match_then_the_default() {
+        let text = r#"
+[server]
+id = "10.0.0.1"
+[policy]
+default = "deny"
+[[policy.rules]]
+src = "10.0.0.1:*"
+dst = "10.0.0.2:7"
+types = ["WRTE"]
+action = "deny"
+[[policy.rules]]
+src = "10.0.0.0/24:*"
+dst = "10.0.0.0/24:*"
+action = "allow"
+"#;
+        let c = Config::parse(text, "p.toml").unwrap();
+        let (a, b) = ("10.0.0.1:3".parse().unwrap(), "10.0.0.2:7".parse().unwrap());
+        assert!(!c.allows(a, b, ReqType::Write));
+        assert!(c.allows(a, b, ReqType::Send));
+        assert!(!c.allows(a, "10.9.0.2:7".parse().unwrap(), ReqType::Send));
+    }
+}

@@ -1,0 +1,219 @@
+//! Devices the daemon hosts itself: an echo device to try things with, a
+//! memory resource served by one-sided WRTE/READ, and a relay that puts
+//! what it receives back into the overlay (a hop of multi-hop routes).
+//!
+//! Each runs as a task on the daemon's runtime, attached to the engine as a
+//! device port, and handles whole bursts per wake-up.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use uniplane_dataplane::wire::{
+    Header, MemoryParams, Params, PortParams, ReqType, Request, Status,
+};
+use uniplane_dataplane::{Link, LinkExt, Message};
+
+use crate::config::DeviceKind;
+
+/// The device's memory: bounds-checked byte access.
+#[derive(Debug)]
+pub struct Memory {
+    bytes: Vec<u8>,
+}
+
+impl Memory {
+    /// `size` zeroed bytes.
+    pub fn new(size: usize) -> Self {
+        Memory {
+            bytes: vec![0; size],
+        }
+    }
+
+    fn range(&self, addr: u64, len: usize) -> Option<std::ops::Range<usize>> {
+        let start = usize::try_from(addr).ok()?;
+        let end = start.checked_add(len)?;
+        (end <= self.bytes.len()).then_some(start..end)
+    }
+
+    /// Writes `data` at `addr`; false (and nothing written) when it does not
+    /// fit inside the memory.
+    pub fn write(&mut self, addr: u64, data: &[u8]) -> bool {
+        match self.range(addr, data.len()) {
+            Some(r) => {
+                self.bytes[r].copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The `len` bytes at `addr`, or `None` when outside the memory.
+    pub fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        self.range(addr, len).map(|r| &self.bytes[r])
+    }
+}
+
+/// What a device answers to one message (`None`: nothing).
+pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Message> {
+    if kind == DeviceKind::Relay {
+        return Some(m);
+    }
+    let h = *m.header();
+    match (h.request.kind(), *h.request.params()) {
+        (ReqType::Send | ReqType::Push, Params::Port(p)) if kind == DeviceKind::Echo => {
+            let mut reply = Header::new(
+                h.dst,
+                h.src,
+                Request::new(
+                    h.request.kind(),
+                    Params::Port(PortParams {
+                        flag: 0,
+                        src_port: p.dst_port,
+                        dst_port: p.src_port,
+                    }),
+                )
+                .ok()?,
+            );
+            reply.seqnum = h.seqnum;
+            reply.flags = h.flags;
+            Message::new(reply, m.payload().clone()).ok()
+        }
+        (ReqType::Write, Params::Memory(p)) => {
+            if !memory.write(p.addr, m.payload()) {
+                return m.error_answer(Status::OutOfRange);
+            }
+            let request = Request::new(
+                ReqType::WriteCmpl,
+                Params::Memory(MemoryParams {
+                    flag: 0,
+                    length: p.length,
+                    addr: p.addr,
+                }),
+            )
+            .ok()?;
+            let mut reply = Header::new(h.dst, h.src, request);
+            reply.seqnum = h.seqnum;
+            Message::new(reply, Bytes::new()).ok()
+        }
+        (ReqType::Read, Params::Read(p)) => {
+            let Some(data) = memory.read(p.src_addr, p.length as usize) else {
+                return m.error_answer(Status::OutOfRange);
+            };
+            let request = Request::new(
+                ReqType::ReadCmpl,
+                Params::Memory(MemoryParams {
+                    flag: 0,
+                    length: p.length,
+                    addr: p.dst_addr,
+                }),
+            )
+            .ok()?;
+            let mut reply = Header::new(h.dst, h.src, request);
+            reply.seqnum = h.seqnum;
+            Message::new(reply, Bytes::copy_from_slice(data)).ok()
+        }
+        (ReqType::Flush, _) => m.error_answer(Status::Ok),
+        // Connection control and answers need no reply from a device.
+        (k, _) if k.is_answer() || matches!(k, ReqType::Connect | ReqType::Close) => None,
+        _ => m.error_answer(Status::BadRequest),
+    }
+}
+
+/// Runs a device on `link` until the link closes.
+pub async fn run<L: Link>(kind: DeviceKind, memory_bytes: usize, mut link: L) {
+    let mut memory = Memory::new(memory_bytes);
+    let mut inbox = Vec::with_capacity(64);
+    let mut outbox = VecDeque::with_capacity(64);
+    loop {
+        inbox.clear();
+        match link.recv_batch(&mut inbox, 64).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        outbox.extend(inbox.drain(..).filter_map(|m| handle(kind, &mut memory, m)));
+        if !outbox.is_empty() && link.send_batch(&mut outbox).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uniplane_dataplane::Uid;
+
+    fn uid(s: &str) -> Uid {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn echo_answers_a_send_with_the_same_payload_back() {
+        let mut mem = Memory::new(16);
+        let mut m = Message::send(
+            uid("1.1.1.1:5").port(9),
+            uid("1.1.1.1:1").port(7),
+            Bytes::from_static(b"hi"),
+        )
+        .unwrap();
+        m.set_seqnum(3);
+        let r = handle(DeviceKind::Echo, &mut mem, m).unwrap();
+        assert_eq!(
+            (r.header().src, r.header().dst),
+            (uid("1.1.1.1:1"), uid("1.1.1.1:5"))
+        );
+        assert_eq!(r.header().request.ports(), Some((7, 9)));
+        assert_eq!(r.payload().as_ref(), b"hi");
+        assert_eq!(r.header().seqnum, 3);
+    }
+
+    #[test]
+    fn writes_and_reads_are_bounds_checked() {
+        let mut mem = Memory::new(16);
+        let w = Message::write(
+            uid("1.1.1.1:5"),
+            uid("1.1.1.1:1").at(4),
+            Bytes::from_static(b"abcd"),
+        )
+        .unwrap();
+        assert_eq!(
+            handle(DeviceKind::Memory, &mut mem, w).unwrap().kind(),
+            ReqType::WriteCmpl
+        );
+        let r = Message::read(uid("1.1.1.1:5").at(0x100), uid("1.1.1.1:1").at(4), 4).unwrap();
+        let data = handle(DeviceKind::Memory, &mut mem, r).unwrap();
+        assert_eq!(data.kind(), ReqType::ReadCmpl);
+        assert_eq!(data.payload().as_ref(), b"abcd");
+
+        let outside = Message::write(
+            uid("1.1.1.1:5"),
+            uid("1.1.1.1:1").at(14),
+            Bytes::from_static(b"abcd"),
+        )
+        .unwrap();
+        let answer = handle(DeviceKind::Memory, &mut mem, outside).unwrap();
+        assert_eq!(answer.header().status(), Status::OutOfRange);
+        assert_eq!(mem.read(12, 4).unwrap(), &[0, 0, 0, 0], "nothing touched");
+        let far =
+            Message::read(uid("1.1.1.1:5").at(0), uid("1.1.1.1:1").at(u64::MAX - 1), 4).unwrap();
+        assert_eq!(
+            handle(DeviceKind::Memory, &mut mem, far)
+                .unwrap()
+                .header()
+                .status(),
+            Status::OutOfRange
+        );
+    }
+
+    #[test]
+    fn answers_get_no_reply() {
+        let mut mem = Memory::new(16);
+        let m = Message::send(
+            uid("1.1.1.1:5").port(9),
+            uid("1.1.1.1:1").port(7),
+            Bytes::new(),
+        )
+        .unwrap();
+        let cmpl = m.error_answer(Status::Ok).unwrap();
+        assert!(handle(DeviceKind::Echo, &mut mem, cmpl).is_none());
+    }
+}
