@@ -295,7 +295,7 @@ fn handle_notice(d: &Arc<Dispatch>, m: Message) {
         }
         ReqType::Close | ReqType::Notify => {
             let (_, dst_port) = h.request.ports().unwrap_or((0, 0));
-            let key = parsed.map(|(l, r, rp)| (l, r, rp));
+            let key = parsed;
             let mut routes = d.routes();
             let keys: Vec<(u16, Uid, u16)> = match key {
                 Some(k) => vec![k],

@@ -341,7 +341,7 @@ pub struct PeerConfig {
 /// A multi-hop route: traffic from `from` to `to` goes through `via`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteConfig {
-    /// Source device name.
+    /// Source device name, or `*` for every local resource.
     pub from: String,
     /// Relay device name.
     pub via: String,
@@ -543,7 +543,8 @@ impl Config {
         let mut routes = Vec::new();
         for r in &raw.routes {
             for (field, name) in [("routes.from", &r.from), ("routes.via", &r.via)] {
-                if !devices.iter().any(|d| &d.name == name.get_ref()) {
+                let any_source = field == "routes.from" && name.get_ref() == "*";
+                if !any_source && !devices.iter().any(|d| &d.name == name.get_ref()) {
                     return src.invalid(
                         name.span(),
                         field,

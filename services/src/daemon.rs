@@ -245,6 +245,11 @@ impl Daemon {
                 mtu: Message::MAX_PAYLOAD,
             })?;
             daemon.register(&d.name, ResourceKind::Device(d.kind), d.device, port)?;
+            if d.kind == DeviceKind::Relay {
+                // A relay forwards what the overlay already admitted at the
+                // sender's port; it does not judge it again.
+                daemon.engine().add_acl_rule(port, AclRule::ALLOW_ALL)?;
+            }
             tokio::spawn(crate::devices::run(d.kind, d.memory, link));
         }
         daemon.install_multi_hop_routes()?;
@@ -436,20 +441,31 @@ impl Daemon {
         rules
     }
 
-    fn install_multi_hop_routes(&self) -> Result<(), DaemonError> {
+    /// Installs the configured multi-hop routes at every source port they
+    /// name (`from = "*"`: every resource but the relay itself), or only at
+    /// `only` when given (a resource that just registered).
+    fn install_multi_hop_routes_at(&self, only: Option<PortId>) -> Result<(), DaemonError> {
         let mut engine = self.engine();
         for r in self.shared.config.routes.clone() {
-            let (from, via) = {
+            let (sources, via) = {
                 let st = self.lock();
-                let port_of = |name: &str| {
-                    st.resources
-                        .values()
-                        .find(|x| x.name == name)
-                        .map(|x| x.port)
-                };
-                (port_of(&r.from), port_of(&r.via))
+                let via = st
+                    .resources
+                    .values()
+                    .find(|x| x.name == r.via)
+                    .map(|x| x.port);
+                let sources: Vec<PortId> = st
+                    .resources
+                    .values()
+                    .filter(|x| (r.from == "*" || x.name == r.from) && Some(x.port) != via)
+                    .filter(|x| x.kind != ResourceKind::Daemon)
+                    .map(|x| x.port)
+                    .filter(|p| only.is_none_or(|o| o == *p))
+                    .collect();
+                (sources, via)
             };
-            if let (Some(from), Some(via)) = (from, via) {
+            let Some(via) = via else { continue };
+            for from in sources {
                 engine.add_route(
                     from,
                     Route {
@@ -462,6 +478,19 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    /// Whether a configured multi-hop route carries `key`'s traffic.
+    fn multi_hop_covers(&self, key: ConnKey) -> bool {
+        let st = self.lock();
+        let src_name = st.resources.get(&key.src.device()).map(|r| r.name.clone());
+        self.shared.config.routes.iter().any(|r| {
+            r.to.matches(key.dst) && (r.from == "*" || src_name.as_deref() == Some(r.from.as_str()))
+        })
+    }
+
+    fn install_multi_hop_routes(&self) -> Result<(), DaemonError> {
+        self.install_multi_hop_routes_at(None)
     }
 
     /// Removes a resource: its routes everywhere, its connections (peers
@@ -678,6 +707,9 @@ impl Daemon {
             }
         };
         session.device = Some(uid.device());
+        if let Err(e) = self.install_multi_hop_routes_at(Some(port)) {
+            tracing::warn!("multi-hop routes for {uid}: {e}");
+        }
         let token = random_token();
         self.lock().pending_data.insert(token, (uid.device(), link));
         let attached = Attached {
@@ -830,7 +862,12 @@ impl Daemon {
         let mut engine = self.engine();
         let fail = |e: uniplane_overlay::PlaneError| ("engine", e.to_string());
         engine.allow_connection(src_port, key).map_err(fail)?;
-        engine.add_translation(key, tunnel).map_err(fail)?;
+        // A configured multi-hop route decides the path itself (through its
+        // relay, then the table's tunnel route); otherwise the translator
+        // steers the connection into the tunnel of its class.
+        if !self.multi_hop_covers(key) {
+            engine.add_translation(key, tunnel).map_err(fail)?;
+        }
         let inbound: Vec<PortId> = self
             .lock()
             .inbound_tunnels
@@ -1524,7 +1561,7 @@ impl Daemon {
     pub fn metrics_text(&self) -> String {
         let mut out = String::new();
         let counters = self.port_counters();
-        let families: [(&str, &str, fn(&uniplane_overlay::PortCounters) -> u64); 8] = [
+        let families: [CounterFamily; 8] = [
             (
                 "uniplane_port_rx_messages_total",
                 "Messages read from the port",
@@ -1609,6 +1646,9 @@ impl Daemon {
         }
     }
 }
+
+/// A Prometheus counter family: name, help, and how to read it.
+type CounterFamily = (&'static str, &'static str, fn(&uniplane_overlay::PortCounters) -> u64);
 
 #[derive(Default)]
 struct Session {

@@ -1,0 +1,160 @@
+//! One daemon in this process: the control protocol, the CLI, and the
+//! data path, on loopback only.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use uniplane_services::client::{embedded, ClientError};
+use uniplane_services::config::Config;
+use uniplane_services::control::Request;
+use uniplane_services::daemon::CONTROL_SOCKET;
+
+const CONFIG: &str = r#"
+[server]
+id = "127.0.0.1"
+peer_listen = "127.0.0.1:0"
+
+[[devices]]
+name = "echo"
+kind = "echo"
+device = 1
+memory = 4096
+"#;
+
+fn runtime(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uniplane-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_control_requests_get_errors_and_change_nothing() {
+    let dir = runtime("malformed");
+    let (_daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let before = client.request(&Request::Resources).await.unwrap();
+
+    let stream = UnixStream::connect(dir.join(CONTROL_SOCKET)).await.unwrap();
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    for bad in [
+        "not json",
+        r#"{"op":"fly"}"#,
+        r#"{"op":"connect","dst":"nonsense","dst_port":1}"#,
+        r#"{"op":"tables","device":99}"#,
+        r#"{"op":"close","conn":{"src":"127.0.0.1:1","src_port":1,"dst":"127.0.0.1:2","dst_port":2}}"#,
+        r#"{"op":"listen","port":5}"#,
+        r#"{"op":"policy","device":1,"set":"weighted:0"}"#,
+    ] {
+        w.write_all(format!("{bad}\n").as_bytes()).await.unwrap();
+        let answer: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["ok"], false, "{bad} → {answer}");
+        assert!(answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    let after = client.request(&Request::Resources).await.unwrap();
+    assert_eq!(before, after, "nothing changed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_answers_status_and_pings_the_echo_device() {
+    let dir = runtime("cli");
+    let (_daemon, _client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_uniplane"))
+            .args(args)
+            .env("UNIPLANE_RUNTIME_DIR", &dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let status: serde_json::Value = tokio::task::spawn_blocking({
+        let cli_out = cli(&["status", "--json"]);
+        move || serde_json::from_str(cli_out.trim()).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(status["server"], "127.0.0.1");
+    let ping = cli(&["ping", "self", "--count", "5", "--json"]);
+    let summary: serde_json::Value =
+        serde_json::from_str(ping.trim().lines().last().unwrap()).unwrap();
+    assert_eq!(summary["received"], 5);
+    assert!(summary["rtt_us"]["p50"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_applications_connect_and_detaching_closes_their_connections() {
+    let dir = runtime("apps");
+    let (daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let server_app = client.attach("server").await.unwrap();
+    let mut listener = server_app.listen(80).await.unwrap();
+    let client_app = uniplane_services::client::Client::connect(daemon.runtime_dir())
+        .await
+        .unwrap()
+        .attach("client")
+        .await
+        .unwrap();
+    let mut conn = client_app.connect(server_app.uid().port(80)).await.unwrap();
+    let mut accepted = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(accepted.remote(), conn.local());
+    conn.send_bytes(Bytes::from_static(b"ping")).await.unwrap();
+    let got = accepted.recv().await.unwrap().unwrap();
+    assert_eq!(got.payload().as_ref(), b"ping");
+    accepted
+        .send_bytes(Bytes::from_static(b"pong"))
+        .await
+        .unwrap();
+    assert_eq!(
+        conn.recv().await.unwrap().unwrap().payload().as_ref(),
+        b"pong"
+    );
+
+    // Nothing listens there: refused.
+    let refused = client_app.connect(server_app.uid().port(81)).await;
+    assert!(matches!(refused, Err(ClientError::Daemon { ref kind, .. }) if kind == "refused"));
+
+    // The server goes away: the client's connection ends.
+    drop(listener);
+    drop(accepted);
+    drop(server_app);
+    let end = tokio::time::timeout(Duration::from_secs(2), conn.recv())
+        .await
+        .unwrap();
+    assert!(!matches!(end, Some(Ok(_))), "{end:?}");
+    let observer = uniplane_services::client::Client::connect(daemon.runtime_dir())
+        .await
+        .unwrap();
+    let resources = observer.request(&Request::Resources).await.unwrap();
+    assert!(
+        !resources
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "server"),
+        "the detached resource is gone: {resources}"
+    );
+    let conns = observer.request(&Request::Connections).await.unwrap();
+    assert_eq!(conns.as_array().map(Vec::len), Some(0), "{conns}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,379 @@
+//! Three servers in three network namespaces, each with its own uniplaned,
+//! joined by a bridge: cross-server connections with send/recv and
+//! write/read, a route through a relay device, an access-control denial,
+//! a killed daemon whose connections (and only those) are notified, and a
+//! restarted one that applications reconnect to.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use uniplane_dataplane::{LinkError, Uid};
+use uniplane_netns::Namespace;
+use uniplane_services::client::{Client, ClientError, Connection, Session};
+use uniplane_services::control::Request;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("ip runs");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// N namespaces on one bridge (in a hub namespace), at 10.R.S.1…N.
+struct Lan {
+    servers: Vec<Namespace>,
+    addrs: Vec<Ipv4Addr>,
+    _hub: Namespace,
+}
+
+impl Lan {
+    fn new(n: usize) -> Lan {
+        uniplane_netns::remove_leftovers();
+        let hub = Namespace::new().expect("hub namespace");
+        hub.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
+        hub.ip(&["link", "set", "br0", "up"]).unwrap();
+        let tag = std::process::id() % 10_000;
+        let (r, s) = (200 + (tag / 250) as u8 % 50, (tag % 250) as u8);
+        let mut servers = Vec::new();
+        let mut addrs = Vec::new();
+        for i in 0..n {
+            let ns = Namespace::new().expect("server namespace");
+            let (inner, outer) = (format!("eth{i}"), format!("up{tag}s{i}"));
+            ip(&[
+                "link",
+                "add",
+                &inner,
+                "netns",
+                ns.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &outer,
+                "netns",
+                hub.name(),
+            ]);
+            hub.ip(&["link", "set", &outer, "master", "br0"]).unwrap();
+            hub.ip(&["link", "set", &outer, "up"]).unwrap();
+            let addr = Ipv4Addr::new(10, r, s, i as u8 + 1);
+            ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", &inner])
+                .unwrap();
+            ns.ip(&["link", "set", &inner, "up"]).unwrap();
+            servers.push(ns);
+            addrs.push(addr);
+        }
+        Lan {
+            servers,
+            addrs,
+            _hub: hub,
+        }
+    }
+}
+
+fn config(lan: &Lan, i: usize, runtime: &Path) -> String {
+    let me = lan.addrs[i];
+    let mut c = format!(
+        r#"
+[server]
+id = "{me}"
+name = "server{i}"
+peer_listen = "{me}:7460"
+
+[runtime]
+dir = "{}"
+
+[[stacks]]
+name = "tcp"
+listen = "{me}:7470"
+
+[[devices]]
+name = "echo"
+kind = "echo"
+device = 1
+memory = 65536
+
+[[devices]]
+name = "relay"
+kind = "relay"
+device = 2
+
+[failure]
+heartbeat_ms = 50
+misses = 6
+
+[policy]
+default = "allow"
+
+# Server 3 may not open connections to server 1's echo device.
+[[policy.rules]]
+src = "{}:*"
+dst = "{}:1"
+types = ["CONNECT"]
+action = "deny"
+"#,
+        runtime.display(),
+        lan.addrs[2],
+        lan.addrs[0],
+    );
+    for (j, peer) in lan.addrs.iter().enumerate() {
+        if j != i {
+            c.push_str(&format!(
+                "\n[[peers]]\nserver = \"{peer}\"\naddress = \"{peer}:7460\"\ntunnel = \"{peer}:7470\"\nstack = \"tcp\"\n"
+            ));
+        }
+    }
+    if i == 0 {
+        // Server 1 reaches server 3 through its relay device.
+        c.push_str(&format!(
+            "\n[[routes]]\nfrom = \"*\"\nvia = \"relay\"\nto = \"{}:*\"\n",
+            lan.addrs[2]
+        ));
+    }
+    c
+}
+
+struct Server {
+    ns_name: String,
+    config: PathBuf,
+    runtime: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    fn start(&mut self) {
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns_name,
+                env!("CARGO_BIN_EXE_uniplaned"),
+                "--config",
+            ])
+            .arg(&self.config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("uniplaned starts");
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits (bounded) until `check` holds.
+async fn until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn peers_alive(runtime: &Path, want: usize) -> bool {
+    let Ok(c) = Client::connect(runtime).await else {
+        return false;
+    };
+    let Ok(status) = c.request(&Request::Status).await else {
+        return false;
+    };
+    status["peers"]
+        .as_array()
+        .is_some_and(|p| p.iter().filter(|x| x["alive"] == true).count() == want)
+}
+
+async fn echo_round_trip(conn: &mut Connection, text: &str) -> Result<Bytes, LinkError> {
+    conn.send_bytes(Bytes::copy_from_slice(text.as_bytes()))
+        .await?;
+    match tokio::time::timeout(Duration::from_secs(3), conn.recv()).await {
+        Ok(Some(Ok(m))) => Ok(m.payload().clone()),
+        Ok(Some(Err(e))) => Err(e),
+        Ok(None) => Err(LinkError::Closed),
+        Err(_) => Err(LinkError::PeerFailed("no echo within 3 s".into())),
+    }
+}
+
+async fn session(runtime: &Path, name: &str) -> Session {
+    Client::connect(runtime)
+        .await
+        .expect("control socket")
+        .attach(name)
+        .await
+        .expect("attach")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_connect_route_deny_fail_and_recover() {
+    if !uniplane_netns::require("three_servers", false) {
+        return;
+    }
+    let lan = Lan::new(3);
+    let dir = std::env::temp_dir().join(format!("uniplane-3srv-{}", std::process::id()));
+    let mut servers: Vec<Server> = (0..3)
+        .map(|i| {
+            let runtime = dir.join(format!("s{i}"));
+            std::fs::create_dir_all(&runtime).unwrap();
+            let file = dir.join(format!("s{i}.toml"));
+            std::fs::write(&file, config(&lan, i, &runtime)).unwrap();
+            Server {
+                ns_name: lan.servers[i].name().to_owned(),
+                config: file,
+                runtime,
+                child: None,
+            }
+        })
+        .collect();
+    for s in &mut servers {
+        s.start();
+    }
+    for s in &servers {
+        let rt = s.runtime.clone();
+        until("peers up", Duration::from_secs(15), || peers_alive(&rt, 2)).await;
+    }
+    let uid = |server: usize, device: u16| Uid::new(lan.addrs[server], device);
+
+    // An application on server 1 talks to server 2's echo device.
+    let app = session(&servers[0].runtime, "app").await;
+    let mut to2 = app
+        .connect(uid(1, 1).port(7))
+        .await
+        .expect("connect to server 2");
+    assert_eq!(
+        echo_round_trip(&mut to2, "hello 2").await.unwrap().as_ref(),
+        b"hello 2"
+    );
+
+    // One-sided write and read of server 2's echo memory.
+    app.write(uid(1, 1).at(0x40), Bytes::from_static(b"remote bytes"))
+        .await
+        .expect("write");
+    let back = app.read(uid(1, 1).at(0x40), 12).await.expect("read");
+    assert_eq!(back.as_ref(), b"remote bytes");
+    let outside = app
+        .write(uid(1, 1).at(65_530), Bytes::from_static(b"too far"))
+        .await;
+    assert!(
+        matches!(outside, Err(ClientError::Status(_))),
+        "{outside:?}"
+    );
+
+    // Server 3 is reached through server 1's relay device.
+    let relay_before = relay_rx(&servers[0].runtime).await;
+    let mut to3 = app
+        .connect(uid(2, 1).port(7))
+        .await
+        .expect("connect to server 3");
+    assert_eq!(
+        echo_round_trip(&mut to3, "via relay")
+            .await
+            .unwrap()
+            .as_ref(),
+        b"via relay"
+    );
+    assert!(
+        relay_rx(&servers[0].runtime).await > relay_before,
+        "the relay carried it"
+    );
+
+    // Access control: server 3 may not connect to server 1's echo.
+    let app3 = session(&servers[2].runtime, "app3").await;
+    let denied = app3.connect(uid(0, 1).port(7)).await;
+    assert!(
+        matches!(&denied, Err(ClientError::Daemon { .. })),
+        "{:?}",
+        denied.err()
+    );
+
+    // Kill server 2's daemon: the connection to it is notified, the one to
+    // server 3 is untouched.
+    let killed_at = Instant::now();
+    servers[1].kill();
+    let failure = tokio::time::timeout(Duration::from_secs(3), to2.recv()).await;
+    let notified_after = killed_at.elapsed();
+    match failure {
+        Ok(Some(Err(LinkError::PeerFailed(_)))) | Ok(None) => {}
+        other => panic!("expected a failure notice, got {other:?}"),
+    }
+    assert!(
+        notified_after < Duration::from_millis(1500),
+        "notified after {notified_after:?}"
+    );
+    assert_eq!(
+        echo_round_trip(&mut to3, "still here")
+            .await
+            .unwrap()
+            .as_ref(),
+        b"still here"
+    );
+
+    // Restart it: applications can reconnect.
+    servers[1].start();
+    let rt = servers[0].runtime.clone();
+    until("server 2 back", Duration::from_secs(15), || {
+        peers_alive(&rt, 2)
+    })
+    .await;
+    let mut again = app.connect(uid(1, 1).port(7)).await.expect("reconnect");
+    assert_eq!(
+        echo_round_trip(&mut again, "again").await.unwrap().as_ref(),
+        b"again"
+    );
+
+    // A silent failure: server 2's link goes down, nothing resets the TCP
+    // connections, only the missing heartbeats tell.
+    let cut_at = Instant::now();
+    lan.servers[1].ip(&["link", "set", "eth1", "down"]).unwrap();
+    let failure = tokio::time::timeout(Duration::from_secs(3), again.recv()).await;
+    let detected_after = cut_at.elapsed();
+    match failure {
+        Ok(Some(Err(LinkError::PeerFailed(_)))) | Ok(None) => {}
+        other => panic!("expected a failure notice, got {other:?}"),
+    }
+    // 6 missed heartbeats of 50 ms, then the notice.
+    assert!(
+        detected_after >= Duration::from_millis(250),
+        "too early: {detected_after:?}"
+    );
+    assert!(
+        detected_after < Duration::from_millis(1500),
+        "notified after {detected_after:?}"
+    );
+    assert_eq!(
+        echo_round_trip(&mut to3, "unaffected")
+            .await
+            .unwrap()
+            .as_ref(),
+        b"unaffected"
+    );
+
+    for s in &mut servers {
+        s.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn relay_rx(runtime: &Path) -> u64 {
+    let c = Client::connect(runtime).await.unwrap();
+    let t = c.request(&Request::Tables { device: 2 }).await.unwrap();
+    t["counters"]["rx_msgs"].as_u64().unwrap()
+}
