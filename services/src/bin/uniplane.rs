@@ -187,6 +187,23 @@ fn print(as_json: bool, v: &Value) {
     }
     match v {
         Value::Array(rows) if rows.iter().all(Value::is_object) && !rows.is_empty() => {
+            // Nested objects (such as counters) become columns of their own.
+            let rows: Vec<Value> = rows
+                .iter()
+                .map(|r| {
+                    let mut flat = serde_json::Map::new();
+                    for (k, v) in r.as_object().into_iter().flatten() {
+                        match v {
+                            Value::Object(inner) => flat.extend(inner.clone()),
+                            other => {
+                                flat.insert(k.clone(), other.clone());
+                            }
+                        }
+                    }
+                    Value::Object(flat)
+                })
+                .collect();
+            let rows = &rows;
             let mut cols: Vec<String> = Vec::new();
             for r in rows {
                 for k in r.as_object().into_iter().flat_map(|o| o.keys()) {
