@@ -112,8 +112,9 @@ mod tests {
         let loc = Locator::Name(path.to_string_lossy().into_owned());
         let stack = ShmStack::new();
         let mut listener = stack.listen(&loc).await.unwrap();
-        let mut client = stack.connect(&loc).await.unwrap();
-        let mut server = listener.next().await.unwrap().unwrap();
+        // The connector waits for the listener's handshake: accept alongside.
+        let (client, server) = tokio::join!(stack.connect(&loc), listener.next());
+        let (mut client, mut server) = (client.unwrap(), server.unwrap().unwrap());
         let u = Uid::new(std::net::Ipv4Addr::LOCALHOST, 3);
         let m = Message::send(u.port(1), u.port(2), Bytes::from_static(b"hi")).unwrap();
         client.send(m.clone()).await.unwrap();
