@@ -1648,7 +1648,11 @@ impl Daemon {
 }
 
 /// A Prometheus counter family: name, help, and how to read it.
-type CounterFamily = (&'static str, &'static str, fn(&uniplane_overlay::PortCounters) -> u64);
+type CounterFamily = (
+    &'static str,
+    &'static str,
+    fn(&uniplane_overlay::PortCounters) -> u64,
+);
 
 #[derive(Default)]
 struct Session {
