@@ -25,14 +25,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use futures_util::{Sink, SinkExt, Stream};
+use std::collections::VecDeque;
+
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::PollSender;
-use uniplane_dataplane::codec::MessageCodec;
 use uniplane_dataplane::wire::{ParamForm, ReqType, Status};
 use uniplane_dataplane::{Endpoint, Link, LinkError, MemoryAddress, Message, Uid};
 
@@ -156,7 +156,9 @@ impl Client {
             .await
             .map_err(|_| ClientError::Timeout)?
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let (r, w) = data.into_split();
+        let link = uniplane_shm::ShmLink::join(data, &uniplane_shm::ShmConfig::default())
+            .await
+            .map_err(|e| ClientError::Protocol(format!("data path: {e}")))?;
         let (out_tx, out_rx) = mpsc::channel::<Message>(1024);
         let shared = Arc::new(Dispatch {
             uid: attached.uid,
@@ -164,11 +166,7 @@ impl Client {
             routes: Mutex::new(Routes::default()),
             out: out_tx.clone(),
         });
-        tokio::spawn(writer(FramedWrite::new(w, MessageCodec::new()), out_rx));
-        tokio::spawn(dispatcher(
-            FramedRead::new(r, MessageCodec::new()),
-            shared.clone(),
-        ));
+        tokio::spawn(data_path(link, out_rx, shared.clone()));
         Ok(Session {
             client: self,
             shared,
@@ -209,68 +207,153 @@ impl Dispatch {
     }
 }
 
-async fn writer(
-    mut sink: FramedWrite<OwnedWriteHalf, MessageCodec>,
-    mut rx: mpsc::Receiver<Message>,
-) {
-    let mut batch = Vec::with_capacity(64);
-    while rx.recv_many(&mut batch, 64).await > 0 {
-        for m in batch.drain(..) {
-            if sink.feed(m).await.is_err() {
-                return;
-            }
-        }
-        if SinkExt::<Message>::flush(&mut sink).await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn dispatcher(mut source: FramedRead<OwnedReadHalf, MessageCodec>, d: Arc<Dispatch>) {
-    while let Some(item) = source.next().await {
-        let Ok(m) = item else { break };
-        let h = *m.header();
-        // Notices from the daemon: a connection arrived, or one is gone.
-        if h.src == d.daemon
-            && matches!(
-                h.request.kind(),
-                ReqType::Connect | ReqType::Close | ReqType::Notify
-            )
-        {
-            handle_notice(&d, m);
-            continue;
-        }
-        match h.request.kind().form() {
-            ParamForm::Port => {
-                let Some((src_port, dst_port)) = h.request.ports() else {
-                    continue;
-                };
-                let inbox = d.routes().conns.get(&(dst_port, h.src, src_port)).cloned();
-                if let Some(inbox) = inbox {
-                    let item = if h.flags.contains(uniplane_dataplane::wire::MsgFlags::ERROR) {
-                        Err(LinkError::PeerFailed(format!("{:?}", h.status())))
-                    } else if h.request.kind().is_answer() {
-                        continue;
-                    } else {
-                        Ok(m)
-                    };
-                    // A full inbox holds the dispatcher: backpressure, not loss.
-                    let _ = inbox.send(item).await;
+/// Moves the session's messages both ways over its data path, in one
+/// task so neither direction can starve the other: receiving never waits
+/// for sending. A connection whose inbox is full holds the receive side
+/// (backpressure, not loss) until it has room.
+async fn data_path<L: Link>(mut link: L, mut out: mpsc::Receiver<Message>, d: Arc<Dispatch>) {
+    let mut inbound: VecDeque<Message> = VecDeque::with_capacity(64);
+    let mut recv_buf: Vec<Message> = Vec::with_capacity(64);
+    let mut outbound: VecDeque<Message> = VecDeque::with_capacity(64);
+    let mut send_buf: Vec<Message> = Vec::with_capacity(64);
+    let mut stalled: Option<Stalled> = None;
+    let mut out_open = true;
+    std::future::poll_fn(|cx| loop {
+        let mut progress = false;
+        // A message waiting for room in its connection's inbox.
+        if let Some(st) = stalled.as_mut() {
+            match st.permit.as_mut().poll(cx) {
+                Poll::Ready(Ok(permit)) => {
+                    if let Some(m) = st.message.take() {
+                        permit.send(m);
+                    }
+                    stalled = None;
+                    progress = true;
                 }
+                // The connection is gone; its message has nowhere to go.
+                Poll::Ready(Err(_)) => {
+                    stalled = None;
+                    progress = true;
+                }
+                Poll::Pending => {}
             }
-            _ => {
-                let waiter = d.routes().pending.remove(&h.seqnum);
-                if let Some(w) = waiter {
-                    let _ = w.send(m);
+        }
+        if stalled.is_none() {
+            while let Some(m) = inbound.pop_front() {
+                if let Some(st) = dispatch(&d, m) {
+                    stalled = Some(st);
+                    break;
+                }
+                progress = true;
+            }
+            if inbound.is_empty() && stalled.is_none() {
+                match link.poll_recv_batch(cx, &mut recv_buf, 64) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(_)) => {
+                        inbound.extend(recv_buf.drain(..));
+                        progress = true;
+                    }
+                    Poll::Pending => {}
                 }
             }
         }
-    }
+        if outbound.is_empty() && out_open {
+            match out.poll_recv_many(cx, &mut send_buf, 64) {
+                Poll::Ready(0) => out_open = false,
+                Poll::Ready(_) => {
+                    outbound.extend(send_buf.drain(..));
+                    progress = true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if !outbound.is_empty() {
+            let before = outbound.len();
+            match link.poll_send_batch(cx, &mut outbound) {
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(())) | Poll::Pending => {}
+            }
+            if outbound.len() < before {
+                progress = true;
+                if let Poll::Ready(Err(_)) = Pin::new(&mut link).poll_flush(cx) {
+                    return Poll::Ready(());
+                }
+            }
+        }
+        if !progress {
+            return Poll::Pending;
+        }
+    })
+    .await;
     // The data path is gone: every connection ends.
     let mut r = d.routes();
     r.conns.clear();
     r.listeners.clear();
     r.pending.clear();
+}
+
+type PermitFuture = Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    mpsc::OwnedPermit<Result<Message, LinkError>>,
+                    mpsc::error::SendError<()>,
+                >,
+            > + Send,
+    >,
+>;
+
+/// A received message waiting for room in a full inbox.
+struct Stalled {
+    message: Option<Result<Message, LinkError>>,
+    permit: PermitFuture,
+}
+
+/// Delivers one received message; `Some` when its inbox is full.
+fn dispatch(d: &Arc<Dispatch>, m: Message) -> Option<Stalled> {
+    let h = *m.header();
+    // Notices from the daemon: a connection arrived, or one is gone.
+    if h.src == d.daemon
+        && matches!(
+            h.request.kind(),
+            ReqType::Connect | ReqType::Close | ReqType::Notify
+        )
+    {
+        handle_notice(d, m);
+        return None;
+    }
+    match h.request.kind().form() {
+        ParamForm::Port => {
+            let (src_port, dst_port) = h.request.ports()?;
+            let inbox = d
+                .routes()
+                .conns
+                .get(&(dst_port, h.src, src_port))
+                .cloned()?;
+            let item = if h.flags.contains(uniplane_dataplane::wire::MsgFlags::ERROR) {
+                Err(LinkError::PeerFailed(format!("{:?}", h.status())))
+            } else if h.request.kind().is_answer() {
+                return None;
+            } else {
+                Ok(m)
+            };
+            match inbox.try_send(item) {
+                Ok(()) => None,
+                Err(mpsc::error::TrySendError::Full(item)) => Some(Stalled {
+                    message: Some(item),
+                    permit: Box::pin(inbox.reserve_owned()),
+                }),
+                Err(mpsc::error::TrySendError::Closed(_)) => None,
+            }
+        }
+        _ => {
+            let waiter = d.routes().pending.remove(&h.seqnum);
+            if let Some(w) = waiter {
+                let _ = w.send(m);
+            }
+            None
+        }
+    }
 }
 
 fn handle_notice(d: &Arc<Dispatch>, m: Message) {

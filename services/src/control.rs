@@ -252,7 +252,7 @@ mod tests {
             r#"{"op":"fly"}"#,
             r#"{"op":"connect","dst":"10.0.0.7","dst_port":80}"#,
             r#"{"op":"tables","device":70000}"#,
-            r#"{"op":"status","extra":1}"#,
+            r#"{"op":"connect","dst":"10.0.0.7:3","dst_port":80,"bogus":1}"#,
             "[1,2,3]",
         ] {
             assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");

@@ -20,7 +20,6 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
-use uniplane_dataplane::codec::FramedLink;
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::wire::{Header, MsgFlags, Params, PortParams, ReqType, Request, Status};
 use uniplane_dataplane::{bridge, BoxLink, LinkExt, Locator, Message, Stack, Uid};
@@ -746,8 +745,18 @@ impl Daemon {
                 if stream.write_all(&[1]).await.is_err() {
                     return;
                 }
-                let framed = FramedLink::new(stream);
-                if let Err(e) = bridge(framed, link).await {
+                // The process's data path: shared-memory rings (memfd and
+                // eventfd doorbells handed over this socket).
+                let shm =
+                    match uniplane_shm::ShmLink::serve(stream, &uniplane_shm::ShmConfig::default())
+                    {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!(device, "data path setup: {e}");
+                            return;
+                        }
+                    };
+                if let Err(e) = bridge(shm, link).await {
                     tracing::debug!(device, "data path ended: {e}");
                 }
             });
