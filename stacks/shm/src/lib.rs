@@ -14,7 +14,11 @@
 
 #![deny(missing_docs)]
 
+pub mod device;
+pub mod dma;
 mod link;
+pub mod mailbox;
+pub mod memory;
 pub mod ring;
 mod stack;
 pub mod sys;
