@@ -14,6 +14,32 @@ use uniplane_dataplane::Uid;
 /// Longest control line accepted, in bytes.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// Reads one line of at most [`MAX_LINE`] bytes (one more is read to tell
+/// an oversized line); returns the bytes read, 0 at the end of the stream.
+pub async fn read_line<R>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<usize>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    line.clear();
+    reader
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', line)
+        .await
+}
+
+/// Writes `value` as one JSON line.
+pub async fn write_line<W, T>(writer: &mut W, value: &T) -> std::io::Result<()>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    T: Serialize,
+{
+    use tokio::io::AsyncWriteExt;
+    let mut out = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    out.push(b'\n');
+    writer.write_all(&out).await
+}
+
 /// A UID as text (`10.0.0.7:3`) in JSON.
 pub mod uid_text {
     use serde::{Deserialize, Deserializer, Serializer};

@@ -30,7 +30,9 @@ use uniplane_overlay::{
 };
 
 use crate::config::{Config, DefaultAction, DeviceKind, EngineMode};
-use crate::control::{Answer, Attached, ConnSpec, PeerRequest, Request as CtlRequest, MAX_LINE};
+use crate::control::{
+    read_line, write_line, Answer, Attached, ConnSpec, PeerRequest, Request as CtlRequest, MAX_LINE,
+};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -556,14 +558,8 @@ impl Daemon {
         let mut session = Session::default();
         let mut line = Vec::new();
         loop {
-            line.clear();
-            let n = match (&mut lines)
-                .take(MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut line)
-                .await
-            {
-                Ok(n) => n,
-                Err(_) => break,
+            let Ok(n) = read_line(&mut lines, &mut line).await else {
+                break;
             };
             if n == 0 {
                 break;
@@ -580,9 +576,7 @@ impl Daemon {
                     Err(e) => Answer::err("bad-request", e.to_string()),
                 }
             };
-            let mut out = serde_json::to_vec(&answer).unwrap_or_default();
-            out.push(b'\n');
-            if write.write_all(&out).await.is_err() {
+            if write_line(&mut write, &answer).await.is_err() {
                 break;
             }
             if line.len() > MAX_LINE {
@@ -1054,14 +1048,8 @@ impl Daemon {
         let mut line = Vec::new();
         let mut from: Option<Ipv4Addr> = None;
         loop {
-            line.clear();
-            let n = match (&mut lines)
-                .take(MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut line)
-                .await
-            {
-                Ok(n) => n,
-                Err(_) => break,
+            let Ok(n) = read_line(&mut lines, &mut line).await else {
+                break;
             };
             if n == 0 || line.len() > MAX_LINE {
                 break;
@@ -1098,9 +1086,7 @@ impl Daemon {
                 }
             };
             if let Some(a) = answer {
-                let mut out = serde_json::to_vec(&a).unwrap_or_default();
-                out.push(b'\n');
-                if write.write_all(&out).await.is_err() {
+                if write_line(&mut write, &a).await.is_err() {
                     break;
                 }
             }
@@ -1144,7 +1130,9 @@ impl Daemon {
             server: self.shared.server,
             name: self.shared.config.name.clone(),
         };
-        write_line(&mut write, &hello).await?;
+        write_line(&mut write, &hello)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut line = String::new();
         lines
             .read_line(&mut line)
@@ -1207,14 +1195,14 @@ impl Daemon {
         let result = loop {
             tokio::select! {
                 _ = beat.tick() => {
-                    if let Err(e) = write_line(&mut write, &PeerRequest::Heartbeat).await {
+                    if let Err(e) = write_line(&mut write, &PeerRequest::Heartbeat).await.map_err(|e| e.to_string()) {
                         break Err(e);
                     }
                 }
                 req = rx.recv() => {
                     let Some(req) = req else { break Ok(()) };
                     let conn = match &req { PeerRequest::Connect { conn, .. } => Some(*conn), _ => None };
-                    if let Err(e) = write_line(&mut write, &req).await {
+                    if let Err(e) = write_line(&mut write, &req).await.map_err(|e| e.to_string()) {
                         break Err(e);
                     }
                     if let Some(conn) = conn {
@@ -1750,15 +1738,6 @@ fn notice(
         Bytes::new()
     };
     Message::new(header, payload).ok()
-}
-
-async fn write_line<T: serde::Serialize>(
-    w: &mut tokio::net::tcp::OwnedWriteHalf,
-    v: &T,
-) -> Result<(), String> {
-    let mut out = serde_json::to_vec(v).map_err(|e| e.to_string())?;
-    out.push(b'\n');
-    w.write_all(&out).await.map_err(|e| e.to_string())
 }
 
 fn bind_unix(path: &Path) -> Result<UnixListener, DaemonError> {
