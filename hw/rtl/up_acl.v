@@ -76,14 +76,25 @@ initial begin
     for (i = 0; i < 256; i = i + 1) types_mem[i] = {R{1'b0}};
 end
 
-wire [$clog2(C)-1:0] wr_conn = wr_addr[4 +: $clog2(C)];
-wire [$clog2(R)-1:0] wr_rule = wr_addr[5 +: $clog2(R)];
-wire [$clog2(C)-1:0] rd_conn = rd_addr[4 +: $clog2(C)];
-wire [$clog2(R)-1:0] rd_rule = rd_addr[5 +: $clog2(R)];
-wire wr_conn_sel = wr_addr >= 12'h100 && wr_addr < 12'h100 + 16 * C;
-wire wr_rule_sel = wr_addr >= 12'h300 && wr_addr < 12'h300 + 32 * R;
-wire rd_conn_sel = rd_addr >= 12'h100 && rd_addr < 12'h100 + 16 * C;
-wire rd_rule_sel = rd_addr >= 12'h300 && rd_addr < 12'h300 + 32 * R;
+// Entry numbers, counted from each table's base.
+/* verilator lint_off UNUSEDSIGNAL */
+wire [11:0] wr_conn_off = wr_addr - 12'h100;
+wire [11:0] wr_rule_off = wr_addr - 12'h300;
+wire [11:0] rd_conn_off = rd_addr - 12'h100;
+wire [11:0] rd_rule_off = rd_addr - 12'h300;
+/* verilator lint_on UNUSEDSIGNAL */
+wire [$clog2(C)-1:0] wr_conn = wr_conn_off[4 +: $clog2(C)];
+wire [$clog2(R)-1:0] wr_rule = wr_rule_off[5 +: $clog2(R)];
+wire [$clog2(C)-1:0] rd_conn = rd_conn_off[4 +: $clog2(C)];
+wire [$clog2(R)-1:0] rd_rule = rd_rule_off[5 +: $clog2(R)];
+localparam integer CONN_END_I = 'h100 + 16 * C;
+localparam integer RULE_END_I = 'h300 + 32 * R;
+localparam [11:0] CONN_END = CONN_END_I[11:0];
+localparam [11:0] RULE_END = RULE_END_I[11:0];
+wire wr_conn_sel = wr_addr >= 12'h100 && wr_addr < CONN_END;
+wire wr_rule_sel = wr_addr >= 12'h300 && wr_addr < RULE_END;
+wire rd_conn_sel = rd_addr >= 12'h100 && rd_addr < CONN_END;
+wire rd_rule_sel = rd_addr >= 12'h300 && rd_addr < RULE_END;
 
 always @(posedge clk) begin
     if (wr_en) begin

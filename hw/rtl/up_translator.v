@@ -54,10 +54,16 @@ initial begin
     for (i = 0; i < N; i = i + 1) match_reg[i] = {T{1'b0}};
 end
 
-wire [TW-1:0] wr_entry = wr_addr[5 +: TW];
-wire [TW-1:0] rd_entry = rd_addr[5 +: TW];
-wire wr_sel = wr_addr >= 12'h100 && wr_addr < 12'h100 + 32 * T;
-wire rd_sel = rd_addr >= 12'h100 && rd_addr < 12'h100 + 32 * T;
+/* verilator lint_off UNUSEDSIGNAL */
+wire [11:0]   wr_off = wr_addr - 12'h100;
+wire [11:0]   rd_off = rd_addr - 12'h100;
+/* verilator lint_on UNUSEDSIGNAL */
+wire [TW-1:0] wr_entry = wr_off[5 +: TW];
+wire [TW-1:0] rd_entry = rd_off[5 +: TW];
+localparam integer END_I = 'h100 + 32 * T;
+localparam [11:0] END = END_I[11:0];
+wire wr_sel = wr_addr >= 12'h100 && wr_addr < END;
+wire rd_sel = rd_addr >= 12'h100 && rd_addr < END;
 
 always @(posedge clk) begin
     if (wr_en) begin
