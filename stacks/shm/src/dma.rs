@@ -357,6 +357,7 @@ pub struct DmaEngine {
     busy_until: [Instant; 2],
     pending: Vec<Pending>,
     spin: Duration,
+    cpu: Option<usize>,
     stats: EngineStats,
 }
 
@@ -384,8 +385,17 @@ impl DmaEngine {
             busy_until: [now; 2],
             pending: Vec::with_capacity(64),
             spin: Duration::from_micros(50),
+            cpu: None,
             stats: EngineStats::default(),
         }
+    }
+
+    /// Pins the engine's thread to `cpu` when spawned (a device has its
+    /// own silicon; on a shared machine pinning keeps the emulation from
+    /// queueing behind the driver).
+    pub fn with_cpu(mut self, cpu: Option<usize>) -> DmaEngine {
+        self.cpu = cpu;
+        self
     }
 
     /// Completes each descriptor no earlier than the link would have.
@@ -579,7 +589,8 @@ impl DmaEngine {
                 continue;
             }
             if now.duration_since(idle_since) < self.spin {
-                std::hint::spin_loop();
+                // Poll, but let another engine pinned to this core run.
+                std::thread::yield_now();
                 continue;
             }
             self.sleep();
@@ -613,6 +624,10 @@ impl DmaEngine {
         let thread = std::thread::Builder::new()
             .name("uniplane-dma".into())
             .spawn(move || {
+                if let Some(cpu) = self.cpu {
+                    // Best effort: an unpinned engine still works.
+                    let _ = crate::sys::pin_to_cpu(cpu);
+                }
                 self.run();
                 self
             })

@@ -14,11 +14,13 @@
 
 #![deny(missing_docs)]
 
+pub mod connect;
 pub mod device;
 pub mod dma;
 mod link;
 pub mod mailbox;
 pub mod memory;
+pub mod p2p;
 pub mod ring;
 mod stack;
 pub mod sys;

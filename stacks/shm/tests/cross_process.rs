@@ -3,10 +3,16 @@
 
 mod common;
 
-use std::time::Duration;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use uniplane_dataplane::{LinkError, LinkExt};
+use uniplane_shm::device::{DeviceConfig, DeviceRegion, Direction};
+use uniplane_shm::dma::{
+    bus_addr, request_shutdown, Bus, DmaDriver, DmaEngine, DmaError, DmaStatus,
+};
+use uniplane_shm::mailbox::{MailboxRegion, Side, WaitPolicy};
 use uniplane_shm::{ShmConfig, ShmLink, ShmListener, MIN_RING_BYTES};
 
 use common::{msg, within, ChildProcess};
@@ -18,6 +24,11 @@ fn child_role() {
         return;
     };
     let path = std::env::var_os(common::PATH_VAR).expect("socket path");
+    match role.to_str() {
+        Some("dma-engine") => return dma_engine_child(&path),
+        Some("mailbox-echo") => return mailbox_child(&path),
+        _ => {}
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -104,4 +115,127 @@ async fn a_child_that_dies_without_closing_fails_the_link() {
         Err(LinkError::Closed)
     ));
     assert_eq!(child.wait(Duration::from_secs(10)), Some(3));
+}
+
+/// Plays device A: receives devices A and B, runs A's engine until the
+/// driver in the parent writes the shutdown register.
+fn dma_engine_child(path: &std::ffi::OsStr) {
+    let sock = std::os::unix::net::UnixStream::connect(path).expect("connect");
+    let devs = DeviceRegion::receive(sock.as_fd()).expect("devices");
+    let mut bus = Bus::new();
+    bus.map_device(1, &devs[0]);
+    bus.map_device(2, &devs[1]);
+    let mut engine = DmaEngine::new(devs[0].clone(), bus);
+    engine.run();
+}
+
+/// Echoes mailbox messages until an empty one.
+fn mailbox_child(path: &std::ffi::OsStr) {
+    let sock = std::os::unix::net::UnixStream::connect(path).expect("connect");
+    let mut buf = [0u8; 1];
+    let mut fds = Vec::new();
+    uniplane_shm::sys::recv_with_fds(sock.as_fd(), &mut buf, &mut fds).expect("region");
+    let region = MailboxRegion::open(fds.pop().expect("one fd")).expect("open");
+    let (mut tx, mut rx) = region
+        .endpoint(0, Side::B, WaitPolicy::default())
+        .expect("endpoint");
+    let mut m = Vec::new();
+    loop {
+        rx.recv_deadline(&mut m, Some(Instant::now() + Duration::from_secs(20)))
+            .expect("recv");
+        if m.is_empty() {
+            break;
+        }
+        tx.send(&m).expect("send");
+    }
+}
+
+fn accept_within(
+    l: &std::os::unix::net::UnixListener,
+    secs: u64,
+) -> std::os::unix::net::UnixStream {
+    l.set_nonblocking(true).unwrap();
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_dma_engine_in_another_process_moves_and_checks_transfers() {
+    let path = common::socket_path("dma");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let cfg = DeviceConfig {
+        name: "xproc".into(),
+        memory_bytes: 8 << 20,
+        ring_depth: 8,
+    };
+    let a = DeviceRegion::create(&cfg).unwrap();
+    let b = DeviceRegion::create(&cfg).unwrap();
+    let mut child = ChildProcess::spawn("dma-engine", &path);
+    let sock = accept_within(&listener, 10);
+    DeviceRegion::send(sock.as_fd(), &[&a, &b]).unwrap();
+    let data: Vec<u8> = (0..(3 << 20) + 64).map(|i| (i * 13) as u8).collect();
+    assert!(a.write_memory(0, &data));
+    let mut drv = DmaDriver::new(a.clone());
+    let t = Duration::from_secs(20);
+    drv.transfer(
+        Direction::Write,
+        bus_addr(1, 0),
+        bus_addr(2, 4096),
+        data.len(),
+        t,
+    )
+    .unwrap();
+    let mut got = vec![0u8; data.len()];
+    assert!(b.read_memory(4096, &mut got));
+    assert!(got == data, "bytes differ after the cross-process DMA");
+    let err = drv
+        .transfer(
+            Direction::Read,
+            bus_addr(1, 0),
+            bus_addr(2, 8 << 20),
+            4096,
+            t,
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        DmaError::Failed {
+            id: 5,
+            status: DmaStatus::OutOfRange
+        }
+    );
+    request_shutdown(&a);
+    assert_eq!(child.wait(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn a_mailbox_echoes_through_another_process() {
+    let path = common::socket_path("mbx");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let region = MailboxRegion::create(1, 128).unwrap();
+    let mut child = ChildProcess::spawn("mailbox-echo", &path);
+    let sock = accept_within(&listener, 10);
+    uniplane_shm::sys::send_with_fds(sock.as_fd(), b"m", &[region.memory().fd()]).unwrap();
+    let (mut tx, mut rx) = region.endpoint(0, Side::A, WaitPolicy::default()).unwrap();
+    let mut back = Vec::new();
+    for i in 0..300usize {
+        let msg: Vec<u8> = (0..1 + (i * 37) % 5000).map(|k| (k ^ i) as u8).collect();
+        tx.send(&msg).unwrap();
+        rx.recv_deadline(&mut back, Some(Instant::now() + Duration::from_secs(10)))
+            .unwrap();
+        assert_eq!(back, msg, "message {i}");
+    }
+    tx.send(&[]).unwrap();
+    assert_eq!(child.wait(Duration::from_secs(10)), Some(0));
 }
