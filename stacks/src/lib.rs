@@ -9,6 +9,8 @@
 //!   Lightweight Transport Layer, over any [`datagram::DatagramPort`].
 //! - [`datagram`]: the frame-level port trait datagram stacks share, and a
 //!   seeded impaired path for tests.
+//! - [`ether`]: overlay messages directly in Ethernet frames over the
+//!   frame layer (`uniplane-frame`), unreliable or with LTL underneath.
 //!
 //! Stacks are found by name through [`by_name`], which is how configuration
 //! files pick them.
@@ -16,6 +18,7 @@
 #![deny(missing_docs)]
 
 pub mod datagram;
+pub mod ether;
 pub mod ltl;
 pub mod mem;
 pub mod tcp;
@@ -26,7 +29,7 @@ use std::sync::Arc;
 use uniplane_dataplane::Stack;
 
 /// Names of the stacks this build provides.
-pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl"];
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether"];
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
@@ -35,6 +38,7 @@ pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
         "ltl" => Some(Arc::new(ltl::LtlStack::new())),
         "udp" => Some(Arc::new(udp::UdpStack::new())),
         "tcp" => Some(Arc::new(tcp::TcpStack::new())),
+        "ether" => Some(Arc::new(ether::EtherStack::new())),
         _ => None,
     }
 }

@@ -114,7 +114,7 @@ pub struct FrameStats {
 }
 
 /// A network device seen as two queues of frames.
-pub trait FrameDevice: Send + 'static {
+pub trait FrameDevice: Send + Unpin + 'static {
     /// The receive queue.
     type Rx: RxQueue;
     /// The transmit queue.

@@ -11,11 +11,17 @@
 //!   duplication, reordering, delay), seeded so a run replays; loss on the
 //!   wire itself comes from nftables ([`Namespace::drop_udp_percent`]),
 //!   since this kernel has no `sch_netem`.
+//! - [`Line`] and [`frame_relay`]: three namespaces in a row, the middle
+//!   one bridging raw frames between its two veths with the same seeded
+//!   impairments; [`Namespace::drop_ether_percent`] drops frames of one
+//!   EtherType at an interface's ingress (an nftables `netdev` chain: the
+//!   `inet` hooks never see EtherTypes other than IP).
 //!
 //! Creating namespaces needs root (CAP_SYS_ADMIN) and `ip` (iproute2).
 //! [`require`] tells a test whether to run: when the tools are missing it
 //! returns `false` (skip), or panics when `UNIPLANE_REQUIRE_TOOLS=1`.
 
+pub mod frame_relay;
 pub mod relay;
 
 use std::io;
@@ -260,6 +266,51 @@ impl Namespace {
     }
 }
 
+impl Namespace {
+    fn nft(&self, args: &[&str]) -> Result<Output, NetnsError> {
+        let mut all = vec!["netns", "exec", self.name.as_str(), "nft"];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
+
+    /// Drops `percent`% of the frames of `ethertype` arriving on `iface`,
+    /// in an nftables `netdev` ingress chain (table `uniplane_<iface>`),
+    /// which sees every EtherType before the IP layer does.
+    pub fn drop_ether_percent(
+        &self,
+        iface: &str,
+        ethertype: u16,
+        percent: u32,
+    ) -> Result<(), NetnsError> {
+        let table = format!("uniplane_{iface}");
+        self.nft(&["add", "table", "netdev", &table])?;
+        let hook = format!("{{ type filter hook ingress device \"{iface}\" priority 0; }}");
+        self.nft(&["add", "chain", "netdev", &table, "ing", &hook])?;
+        let (et, pct) = (format!("0x{ethertype:04x}"), percent.to_string());
+        self.nft(&[
+            "add", "rule", "netdev", &table, "ing", "ether", "type", &et, "numgen", "random",
+            "mod", "100", "<", &pct, "counter", "drop",
+        ])?;
+        Ok(())
+    }
+
+    /// Frames the [`Namespace::drop_ether_percent`] rule of `iface` dropped.
+    pub fn ether_dropped(&self, iface: &str) -> Result<u64, NetnsError> {
+        let table = format!("uniplane_{iface}");
+        let out = self.nft(&["list", "table", "netdev", &table])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let n = text
+            .split("counter packets ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok());
+        n.ok_or_else(|| NetnsError::Failed {
+            cmd: format!("nft list table netdev {table}"),
+            stderr: format!("no counter in: {text}"),
+        })
+    }
+}
+
 impl Drop for Namespace {
     fn drop(&mut self) {
         // Deleting the namespace deletes the veth ends inside it.
@@ -327,6 +378,79 @@ impl Pair {
             iface_b: vb,
             addr_a,
             addr_b,
+        })
+    }
+}
+
+/// Three namespaces in a row, `a — m — b`, joined by two veth pairs and
+/// without addresses: the middle one forwards raw frames (a
+/// [`frame_relay::FrameRelay`]), so `a` and `b` share one Ethernet segment
+/// as far as frames go.
+#[derive(Debug)]
+pub struct Line {
+    /// One end.
+    pub a: Namespace,
+    /// The middle.
+    pub m: Namespace,
+    /// The other end.
+    pub b: Namespace,
+    /// `a`'s interface (towards `m`).
+    pub iface_a: String,
+    /// `m`'s interface towards `a`.
+    pub iface_ma: String,
+    /// `m`'s interface towards `b`.
+    pub iface_mb: String,
+    /// `b`'s interface (towards `m`).
+    pub iface_b: String,
+}
+
+impl Line {
+    /// Three fresh namespaces joined `a — m — b`, every interface up.
+    pub fn new() -> Result<Line, NetnsError> {
+        remove_leftovers();
+        let a = Namespace::new()?;
+        let m = Namespace::new()?;
+        let b = Namespace::new()?;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tag = (std::process::id() % 10_000) * 100 + n % 100;
+        let names = [
+            format!("ula{tag}"),
+            format!("ulma{tag}"),
+            format!("ulmb{tag}"),
+            format!("ulb{tag}"),
+        ];
+        for (x, (ns1, ns2)) in [(&a, &m), (&m, &b)].into_iter().enumerate() {
+            let (v1, v2) = (&names[2 * x], &names[2 * x + 1]);
+            run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    v1,
+                    "netns",
+                    ns1.name(),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    v2,
+                    "netns",
+                    ns2.name(),
+                ],
+            )?;
+        }
+        for (ns, i) in [(&a, 0), (&m, 1), (&m, 2), (&b, 3)] {
+            ns.ip(&["link", "set", &names[i], "up"])?;
+        }
+        let [iface_a, iface_ma, iface_mb, iface_b] = names;
+        Ok(Line {
+            a,
+            m,
+            b,
+            iface_a,
+            iface_ma,
+            iface_mb,
+            iface_b,
         })
     }
 }
