@@ -148,6 +148,8 @@ pub struct ShmLink {
     /// A message accepted while the ring was full; it goes first.
     stalled: Option<Message>,
     rbuf: BytesMut,
+    /// Bytes one receive pass may need: the batch limit and one record.
+    rbuf_capacity: usize,
     lens: Vec<usize>,
     inbox: VecDeque<Message>,
     spin: Duration,
@@ -255,6 +257,10 @@ impl ShmLink {
         if !p.tx.fits(&p.mem) || !p.rx.fits(&p.mem) {
             return Err(ShmError::Handshake("rings do not fit the region"));
         }
+        let max_batch_bytes = cfg.max_batch_bytes.max(1);
+        // A pass stops once it holds `max_batch_bytes`, so it may overrun
+        // by one record less one byte.
+        let rbuf_capacity = max_batch_bytes + EXTENDED_HEADER_LEN + Message::MAX_PAYLOAD;
         Ok(ShmLink {
             tx: RingProducer::new(p.tx),
             rx: RingConsumer::new(p.rx),
@@ -265,11 +271,12 @@ impl ShmLink {
             peer_space_bell: p.peer_space_bell,
             sock,
             stalled: None,
-            rbuf: BytesMut::with_capacity(cfg.max_batch_bytes.max(64 << 10)),
+            rbuf: BytesMut::with_capacity(rbuf_capacity),
+            rbuf_capacity,
             lens: Vec::with_capacity(RECV_BATCH),
             inbox: VecDeque::with_capacity(RECV_BATCH),
             spin: cfg.spin,
-            max_batch_bytes: cfg.max_batch_bytes.max(1),
+            max_batch_bytes,
             peer_gone: false,
             finished: false,
             closed: false,
@@ -415,6 +422,9 @@ impl ShmLink {
         let mut delivered = 0;
         while delivered < max {
             self.lens.clear();
+            // Take the whole buffer back when the messages of earlier
+            // batches are gone (no allocation, no fresh pages to fault in).
+            self.rbuf.reserve(self.rbuf_capacity);
             let mut bytes = 0;
             while self.lens.len() < max - delivered && bytes < self.max_batch_bytes {
                 match self.rx.next_record(&self.mem).map_err(corrupt)? {
