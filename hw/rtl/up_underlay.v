@@ -27,8 +27,8 @@
 
 module up_underlay #(
     parameter M       = 2,     // stack inputs and outputs (>= 2)
-    parameter S       = 4,     // filter source patterns (<= 16)
-    parameter D       = 8,     // demux rules (<= 16)
+    parameter S       = 4,     // filter source patterns (2 .. 16)
+    parameter D       = 8,     // demux rules (2 .. 16)
     parameter DEPTH   = 32,    // beats per input FIFO
     parameter LW      = 17,
     parameter WW      = 32,
@@ -134,7 +134,7 @@ always @(posedge clk) begin
         endcase
         if (wr_addr[11:6] == 6'b000010 && {28'd0, wr_addr[5:2]} < M) weight_shadow_reg[wr_q] <= wr_data[WW-1:0];
         if (wr_addr[11:6] == 6'b000011 && {28'd0, wr_addr[5:2]} < M) class_shadow_reg[wr_q] <= wr_data[IW-1:0];
-        if (wr_addr[11:8] == 4'h1 && wr_src < S) begin
+        if (wr_addr[11:8] == 4'h1 && {28'd0, wr_src} < S) begin
             case (wr_addr[3:2])
                 2'd0: src_key_reg[wr_src[$clog2(S)-1:0]][31:0] <= wr_data;
                 2'd1: src_key_reg[wr_src[$clog2(S)-1:0]][47:32] <= wr_data[15:0];
@@ -142,7 +142,7 @@ always @(posedge clk) begin
                 default: src_mask_reg[wr_src[$clog2(S)-1:0]][47:32] <= wr_data[15:0];
             endcase
         end
-        if (wr_addr[11:8] == 4'h2 && wr_src < D) begin
+        if (wr_addr[11:8] == 4'h2 && {28'd0, wr_src} < D) begin
             case (wr_addr[3:2])
                 2'd0: rule_key_reg[wr_src[$clog2(D)-1:0]][31:0] <= wr_data;
                 2'd1: begin
@@ -314,7 +314,7 @@ always @* begin
     if (rd_addr[11:6] == 6'b000001) rd_data = rd_addr[2] ? hold_reg : counter_reg[rd_addr[5:3]][31:0];
     if (rd_addr[11:6] == 6'b000010 && {28'd0, rd_addr[5:2]} < M) rd_data = weight_shadow_reg[rd_q];
     if (rd_addr[11:6] == 6'b000011 && {28'd0, rd_addr[5:2]} < M) rd_data = {{(32-IW){1'b0}}, class_shadow_reg[rd_q]};
-    if (rd_addr[11:8] == 4'h1 && rd_src < S) begin
+    if (rd_addr[11:8] == 4'h1 && {28'd0, rd_src} < S) begin
         case (rd_addr[3:2])
             2'd0: rd_data = src_key_reg[rd_src[$clog2(S)-1:0]][31:0];
             2'd1: rd_data = {16'd0, src_key_reg[rd_src[$clog2(S)-1:0]][47:32]};
@@ -322,7 +322,7 @@ always @* begin
             default: rd_data = {16'd0, src_mask_reg[rd_src[$clog2(S)-1:0]][47:32]};
         endcase
     end
-    if (rd_addr[11:8] == 4'h2 && rd_src < D) begin
+    if (rd_addr[11:8] == 4'h2 && {28'd0, rd_src} < D) begin
         case (rd_addr[3:2])
             2'd0: rd_data = rule_key_reg[rd_src[$clog2(D)-1:0]][31:0];
             2'd1: rd_data = {8'd0, rule_out_reg[rd_src[$clog2(D)-1:0]], rule_key_reg[rd_src[$clog2(D)-1:0]][47:32]};

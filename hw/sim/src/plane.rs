@@ -414,6 +414,12 @@ impl RtlDevice {
         self.w(base + port::PAUSE, paused as u32)
     }
 
+    /// Holds (true) or releases the underlay's interface output.
+    pub fn pause_interface(&mut self, paused: bool) -> Result<(), BusError> {
+        let base = self.underlay_base();
+        self.write(base + underlay::PAUSE, paused as u32)
+    }
+
     /// Sets the underlay filter's rules (sources, types, length).
     pub fn set_underlay_rules(&mut self, rules: &FilterRules) -> Result<(), UnderlayError> {
         let base = self.underlay_base();

@@ -1,0 +1,60 @@
+//! `verilator --lint-only -Wall` passes on `uniplane_top` for every port
+//! count the design supports, and on each table size extreme.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn rtl_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rtl")
+}
+
+fn lint(params: &[&str]) {
+    let dir = rtl_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "v"))
+        .collect();
+    files.sort();
+    let out = Command::new("verilator")
+        .args(["--lint-only", "-Wall", "--top-module", "uniplane_top"])
+        .arg(format!("-I{}", dir.display()))
+        .args(params)
+        .args(&files)
+        .output()
+        .expect("verilator runs (the build needed it too)");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "verilator --lint-only -Wall {params:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_top_level_is_lint_clean_with_4_ports() {
+    lint(&["-GN=4"]);
+}
+
+#[test]
+fn the_top_level_is_lint_clean_with_8_ports() {
+    lint(&["-GN=8"]);
+}
+
+#[test]
+fn the_top_level_is_lint_clean_with_16_ports_and_the_largest_tables() {
+    lint(&["-GN=16", "-GC=32", "-GR=16", "-GT=32", "-GE=64", "-GM=4"]);
+}
+
+#[test]
+fn the_top_level_is_lint_clean_with_the_smallest_tables() {
+    lint(&[
+        "-GN=2",
+        "-GE=2",
+        "-GC=2",
+        "-GR=2",
+        "-GT=2",
+        "-GS=2",
+        "-GD=2",
+        "-GVOQ_DEPTH=2",
+    ]);
+}
