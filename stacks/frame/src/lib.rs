@@ -137,3 +137,43 @@ pub trait FrameDevice: Send + Unpin + 'static {
     /// Counters so far.
     fn stats(&self) -> FrameStats;
 }
+
+/// Opens the frame device of an interface by name: how a stack picks its
+/// backend at run time (`AF_PACKET`, TAP, DPDK, memory).
+pub trait DeviceOpener: Send + Sync + 'static {
+    /// The device type.
+    type Device: FrameDevice;
+
+    /// Opens `iface` for frames of `ethertype` ([`packet::ETH_P_ALL`] for
+    /// every one; backends that cannot filter ignore it).
+    fn open(&self, iface: &str, ethertype: u16) -> io::Result<Self::Device>;
+}
+
+/// Opens `AF_PACKET` devices configured by the [`packet::PacketConfig`]
+/// inside, whose `protocol` becomes the EtherType asked for.
+#[derive(Clone, Debug, Default)]
+pub struct PacketOpener(pub packet::PacketConfig);
+
+impl DeviceOpener for PacketOpener {
+    type Device = packet::PacketDevice;
+
+    fn open(&self, iface: &str, ethertype: u16) -> io::Result<packet::PacketDevice> {
+        let cfg = packet::PacketConfig {
+            protocol: ethertype,
+            ..self.0.clone()
+        };
+        packet::PacketDevice::open(iface, &cfg)
+    }
+}
+
+/// Opens TAP devices configured by the [`tap::TapConfig`] inside.
+#[derive(Clone, Debug, Default)]
+pub struct TapOpener(pub tap::TapConfig);
+
+impl DeviceOpener for TapOpener {
+    type Device = tap::TapDevice;
+
+    fn open(&self, iface: &str, _ethertype: u16) -> io::Result<tap::TapDevice> {
+        tap::TapDevice::open(iface, &self.0)
+    }
+}

@@ -32,8 +32,8 @@ use uniplane_dataplane::{
     BoxLink, BoxListener, Capabilities, Locator, Stack, StackError, StackFuture,
 };
 use uniplane_frame::eth::MacAddr;
-use uniplane_frame::packet::{PacketConfig, PacketDevice};
 use uniplane_frame::FrameDevice;
+pub use uniplane_frame::{DeviceOpener, PacketOpener};
 
 use crate::ltl::{spawn_endpoint, LtlConfig, LtlHandle};
 use link::{Counters, Endpoint};
@@ -42,32 +42,6 @@ use link::{Counters, Endpoint};
 pub const ETHERTYPE: u16 = 0x88b5;
 /// Default EtherType of LTL frames (IEEE 802 local experimental 2).
 pub const LTL_ETHERTYPE: u16 = 0x88b6;
-
-/// Opens the frame device of an interface: how a stack picks its backend.
-pub trait DeviceOpener: Send + Sync + 'static {
-    /// The device type.
-    type Device: FrameDevice;
-
-    /// Opens `iface` for frames of `ethertype`.
-    fn open(&self, iface: &str, ethertype: u16) -> io::Result<Self::Device>;
-}
-
-/// Opens `AF_PACKET` devices configured by the [`PacketConfig`] inside
-/// (whose `protocol` is replaced by the EtherType asked for).
-#[derive(Clone, Debug, Default)]
-pub struct PacketOpener(pub PacketConfig);
-
-impl DeviceOpener for PacketOpener {
-    type Device = PacketDevice;
-
-    fn open(&self, iface: &str, ethertype: u16) -> io::Result<PacketDevice> {
-        let cfg = PacketConfig {
-            protocol: ethertype,
-            ..self.0.clone()
-        };
-        PacketDevice::open(iface, &cfg)
-    }
-}
 
 /// How the `ether` stack behaves.
 #[derive(Clone, Debug)]
