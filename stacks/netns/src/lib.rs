@@ -79,13 +79,18 @@ fn run(program: &str, args: &[&str]) -> Result<Output, NetnsError> {
 }
 
 /// Whether namespaces can be made here: `ip` exists and we may create one.
+///
+/// Probed once per process (tests of one binary ask concurrently).
 pub fn available() -> bool {
-    let probe = format!("{PREFIX}probe{}", std::process::id());
-    let ok = run("ip", &["netns", "add", &probe]).is_ok();
-    if ok {
-        let _ = run("ip", &["netns", "del", &probe]);
-    }
-    ok
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let probe = format!("{PREFIX}probe{}", std::process::id());
+        let ok = run("ip", &["netns", "add", &probe]).is_ok();
+        if ok {
+            let _ = run("ip", &["netns", "del", &probe]);
+        }
+        ok
+    })
 }
 
 /// Whether `nft` exists.
