@@ -138,8 +138,11 @@ struct Peer {
     address: SocketAddr,
     stack: String,
     tunnel_addr: SocketAddr,
-    /// Our outgoing tunnel's port (our traffic to the peer leaves here).
+    /// Our outgoing tunnel's port for traffic class 0 and connectionless
+    /// traffic (our traffic to the peer leaves here).
     tunnel: Option<PortId>,
+    /// Tunnels of the other traffic classes, opened on first use.
+    class_tunnels: BTreeMap<u8, PortId>,
     /// Requests to send on our outgoing peer channel.
     tx: Option<mpsc::Sender<PeerRequest>>,
     last_seen: Option<Instant>,
@@ -272,6 +275,7 @@ impl Daemon {
                     stack: p.stack,
                     tunnel_addr: p.tunnel,
                     tunnel: None,
+                    class_tunnels: BTreeMap::new(),
                     tx: None,
                     last_seen: None,
                     alive: false,
@@ -840,9 +844,15 @@ impl Daemon {
                 .ok_or(("not-found", "source not attached".to_string()))?;
             (peer.tx.clone(), peer.tunnel, src.port)
         };
-        let (Some(tx), Some(tunnel)) = (tx, tunnel) else {
+        let (Some(tx), Some(_)) = (tx, tunnel) else {
             return Err(("peer-down", format!("peer {server} has no channel yet")));
         };
+        let tunnel = self.class_tunnel(server, class).await.map_err(|e| {
+            (
+                "peer-down",
+                format!("tunnel of class {class} to {server}: {e}"),
+            )
+        })?;
         let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
         self.lock().pending_peer.insert(key, reply_tx);
         let sent = tx
@@ -963,6 +973,11 @@ impl Daemon {
                 .values()
                 .copied()
                 .chain(st.peers.values().filter_map(|p| p.tunnel))
+                .chain(
+                    st.peers
+                        .values()
+                        .flat_map(|p| p.class_tunnels.values().copied()),
+                )
                 .collect()
         };
         for (_, port, _, _) in &ports {
@@ -1114,10 +1129,9 @@ impl Daemon {
     }
 
     async fn peer_up(&self, server: Ipv4Addr) -> Result<(), String> {
-        let (address, stack_name, tunnel_addr) = {
+        let address = {
             let st = self.lock();
-            let p = st.peers.get(&server).ok_or("unknown peer")?;
-            (p.address, p.stack.clone(), p.tunnel_addr)
+            st.peers.get(&server).ok_or("unknown peer")?.address
         };
         let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address))
             .await
@@ -1143,34 +1157,8 @@ impl Daemon {
             return Err(format!("peer refused hello: {:?}", a.error));
         }
 
-        // Our tunnel to the peer: its stack listener, a hello message, then
-        // a tunnel port on our engine.
-        let stack = self
-            .shared
-            .stacks
-            .iter()
-            .find(|s| s.name() == stack_name)
-            .cloned()
-            .ok_or(format!("stack {stack_name} not running"))?;
-        let mut link = stack
-            .connect(&Locator::Socket(tunnel_addr))
-            .await
-            .map_err(|e| e.to_string())?;
-        let hello_msg =
-            tunnel_hello(self.uid(), Uid::new(server, DAEMON_DEVICE), 0).ok_or("hello message")?;
-        link.send(hello_msg).await.map_err(|e| e.to_string())?;
-        let mtu = stack
-            .capabilities()
-            .mtu
-            .saturating_sub(64)
-            .clamp(256, Message::MAX_PAYLOAD);
-        let (tport, tlink) = self
-            .engine()
-            .attach(PortSpec::tunnel(&format!("tunnel-{server}"), 0, mtu))
-            .map_err(|e| e.to_string())?;
+        let (tport, tunnel_task) = self.open_tunnel(server, 0).await?;
         let mut engine = self.engine();
-        let _ = engine.add_acl_rule(tport, AclRule::ALLOW_ALL);
-        let tunnel_task = tokio::spawn(bridge(link, tlink));
 
         let (tx, mut rx) = mpsc::channel::<PeerRequest>(64);
         {
@@ -1187,7 +1175,7 @@ impl Daemon {
         for p in ports {
             let _ = engine.add_route(p, Route::server(server, tport));
         }
-        tracing::info!(%server, stack = %stack_name, tunnel = tport, "peer up");
+        tracing::info!(%server, tunnel = tport, "peer up");
 
         let interval = self.shared.config.heartbeat;
         let mut beat = tokio::time::interval(interval);
@@ -1229,6 +1217,87 @@ impl Daemon {
         result
     }
 
+    /// Opens our tunnel of traffic class `class` to `server`: a link of
+    /// the peer's stack to its tunnel listener, a hello naming us and the
+    /// class, and a tunnel port on our engine bridged to the link.
+    async fn open_tunnel(
+        &self,
+        server: Ipv4Addr,
+        class: u8,
+    ) -> Result<
+        (
+            PortId,
+            tokio::task::JoinHandle<Result<(), uniplane_dataplane::LinkError>>,
+        ),
+        String,
+    > {
+        let (stack_name, tunnel_addr) = {
+            let st = self.lock();
+            let p = st.peers.get(&server).ok_or("unknown peer")?;
+            (p.stack.clone(), p.tunnel_addr)
+        };
+        let stack = self
+            .shared
+            .stacks
+            .iter()
+            .find(|s| s.name() == stack_name)
+            .cloned()
+            .ok_or(format!("stack {stack_name} not running"))?;
+        let mut link = stack
+            .connect(&Locator::Socket(tunnel_addr))
+            .await
+            .map_err(|e| e.to_string())?;
+        let hello = tunnel_hello(self.uid(), Uid::new(server, DAEMON_DEVICE), class)
+            .ok_or("hello message")?;
+        link.send(hello).await.map_err(|e| e.to_string())?;
+        let mtu = stack
+            .capabilities()
+            .mtu
+            .saturating_sub(64)
+            .clamp(256, Message::MAX_PAYLOAD);
+        let (tport, tlink) = self
+            .engine()
+            .attach(PortSpec::tunnel(
+                &format!("tunnel-{server}-class{class}"),
+                class,
+                mtu,
+            ))
+            .map_err(|e| e.to_string())?;
+        let _ = self.engine().add_acl_rule(tport, AclRule::ALLOW_ALL);
+        Ok((tport, tokio::spawn(bridge(link, tlink))))
+    }
+
+    /// The tunnel of `class` to `server`, opened on first use; connections
+    /// of one class to one server share it.
+    async fn class_tunnel(&self, server: Ipv4Addr, class: u8) -> Result<PortId, String> {
+        {
+            let st = self.lock();
+            let p = st.peers.get(&server).ok_or("unknown peer")?;
+            if class == 0 {
+                return p.tunnel.ok_or_else(|| "peer has no tunnel".to_string());
+            }
+            if let Some(t) = p.class_tunnels.get(&class) {
+                return Ok(*t);
+            }
+        }
+        let (port, _task) = self.open_tunnel(server, class).await?;
+        let mut st = self.lock();
+        let p = st.peers.get_mut(&server).ok_or("unknown peer")?;
+        match p.class_tunnels.get(&class) {
+            // Opened twice at once: keep the first, drop ours.
+            Some(t) => {
+                let t = *t;
+                drop(st);
+                let _ = self.engine().detach(port);
+                Ok(t)
+            }
+            None => {
+                p.class_tunnels.insert(class, port);
+                Ok(port)
+            }
+        }
+    }
+
     /// Resolves when the failure monitor declares `server` failed.
     async fn peer_failed_signal(&self, server: Ipv4Addr) {
         loop {
@@ -1254,8 +1323,10 @@ impl Daemon {
             if was_alive {
                 p.failures += 1;
             }
-            p.tunnel.take()
+            let classes: Vec<PortId> = std::mem::take(&mut p.class_tunnels).into_values().collect();
+            (p.tunnel.take(), classes)
         };
+        let (tunnel, class_tunnels) = tunnel;
         let mut engine = self.engine();
         let ports: Vec<PortId> = self.lock().resources.values().map(|r| r.port).collect();
         let key = Uid::new(server, 0);
@@ -1271,6 +1342,9 @@ impl Daemon {
             .collect();
         for c in affected {
             self.close_connection(c, status, false).await;
+        }
+        for t in class_tunnels {
+            let _ = engine.detach(t);
         }
         if let Some(t) = tunnel {
             let _ = engine.detach(t);
@@ -1530,8 +1604,13 @@ impl Daemon {
                 .chain(
                     st.peers
                         .iter()
-                        .filter_map(|(s, p)| Some((format!("tunnel-{s}"), p.tunnel?))),
+                        .filter_map(|(s, p)| Some((format!("tunnel-{s}-class0"), p.tunnel?))),
                 )
+                .chain(st.peers.iter().flat_map(|(s, p)| {
+                    p.class_tunnels
+                        .iter()
+                        .map(move |(c, t)| (format!("tunnel-{s}-class{c}"), *t))
+                }))
                 .chain(
                     st.inbound_tunnels
                         .iter()

@@ -263,6 +263,33 @@ async fn three_servers_connect_route_deny_fail_and_recover() {
         b"hello 2"
     );
 
+    // A connection of traffic class 1 gets a tunnel of its own; two
+    // connections of that class share it.
+    let tunnels_before = tunnel_ports(&servers[0].runtime).await;
+    let mut class1 = app
+        .connect_class(uid(1, 1).port(8), 1)
+        .await
+        .expect("class 1");
+    let mut class1b = app
+        .connect_class(uid(1, 1).port(9), 1)
+        .await
+        .expect("class 1 again");
+    assert_eq!(
+        echo_round_trip(&mut class1, "class 1")
+            .await
+            .unwrap()
+            .as_ref(),
+        b"class 1"
+    );
+    assert_eq!(
+        echo_round_trip(&mut class1b, "class 1b")
+            .await
+            .unwrap()
+            .as_ref(),
+        b"class 1b"
+    );
+    assert_eq!(tunnel_ports(&servers[0].runtime).await, tunnels_before + 1);
+
     // One-sided write and read of server 2's echo memory.
     app.write(uid(1, 1).at(0x40), Bytes::from_static(b"remote bytes"))
         .await
@@ -370,6 +397,18 @@ async fn three_servers_connect_route_deny_fail_and_recover() {
         s.kill();
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Tunnel ports of a daemon, from its stats.
+async fn tunnel_ports(runtime: &Path) -> usize {
+    let c = Client::connect(runtime).await.unwrap();
+    let stats = c.request(&Request::Stats).await.unwrap();
+    stats
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("tunnel-")))
+        .count()
 }
 
 async fn relay_rx(runtime: &Path) -> u64 {
