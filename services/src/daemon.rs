@@ -159,6 +159,8 @@ struct State {
     inbound_tunnels: HashMap<(Ipv4Addr, u8), PortId>,
     /// Data links waiting for their process to connect: token → (device, link).
     pending_data: HashMap<u64, (u16, RingLink)>,
+    /// Connection setup times, local and cross-server.
+    setup: [SetupHistogram; 2],
     /// Connections waiting for a peer's verdict.
     pending_peer: HashMap<ConnKey, tokio::sync::oneshot::Sender<Result<(), String>>>,
     next_port: u16,
@@ -228,6 +230,7 @@ impl Daemon {
                 inbound_tunnels: HashMap::new(),
                 pending_data: HashMap::new(),
                 pending_peer: HashMap::new(),
+                setup: Default::default(),
                 next_port: 49152,
             }),
             notices: tokio::sync::Mutex::new(notices),
@@ -775,11 +778,14 @@ impl Daemon {
         if self.lock().connections.contains_key(&key) {
             return Err(("exists", "connection already open".into()));
         }
-        if key.dst.server() == self.shared.server {
-            self.admit_local(key)?;
-        } else {
+        let started = Instant::now();
+        let remote = key.dst.server() != self.shared.server;
+        if remote {
             self.admit_remote(key, class).await?;
+        } else {
+            self.admit_local(key)?;
         }
+        self.lock().setup[usize::from(remote)].record(started.elapsed());
         self.lock().connections.insert(
             key,
             Connection {
@@ -1693,6 +1699,14 @@ impl Daemon {
             "# HELP uniplane_connections Open connections\n# TYPE uniplane_connections gauge\n",
         );
         out.push_str(&format!("uniplane_connections {}\n", st.connections.len()));
+        out.push_str("# HELP uniplane_connect_seconds Time to set up a connection\n# TYPE uniplane_connect_seconds histogram\n");
+        for (h, path) in st.setup.iter().zip(["local", "remote"]) {
+            h.write(
+                &mut out,
+                "uniplane_connect_seconds",
+                &format!("path=\"{path}\""),
+            );
+        }
         out.push_str("# HELP uniplane_peer_up Whether a peer daemon is reachable\n# TYPE uniplane_peer_up gauge\n");
         for (s, p) in &st.peers {
             out.push_str(&format!(
@@ -1720,6 +1734,46 @@ impl Daemon {
                 let _ = stream.write_all(body.as_bytes()).await;
             });
         }
+    }
+}
+
+/// A Prometheus histogram with fixed buckets, in seconds.
+#[derive(Clone, Debug, Default)]
+struct SetupHistogram {
+    counts: [u64; SETUP_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// Upper bounds of the connection-setup buckets, in seconds.
+const SETUP_BUCKETS: [f64; 10] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0,
+];
+
+impl SetupHistogram {
+    fn record(&mut self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, bound) in SETUP_BUCKETS.iter().enumerate() {
+            if s <= *bound {
+                self.counts[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += s;
+    }
+
+    fn write(&self, out: &mut String, name: &str, labels: &str) {
+        for (bound, n) in SETUP_BUCKETS.iter().zip(self.counts) {
+            out.push_str(&format!("{name}_bucket{{{labels},le=\"{bound}\"}} {n}\n"));
+        }
+        out.push_str(&format!(
+            "{name}_bucket{{{labels},le=\"+Inf\"}} {}\n",
+            self.count
+        ));
+        out.push_str(&format!(
+            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}\n",
+            self.sum, self.count
+        ));
     }
 }
 

@@ -130,6 +130,23 @@ async fn two_applications_connect_and_detaching_closes_their_connections() {
         b"pong"
     );
 
+    // Metrics: Prometheus text with the setup histogram and port counters.
+    let metrics = client_app
+        .client()
+        .request(&Request::Metrics)
+        .await
+        .unwrap();
+    let text = metrics["text"].as_str().unwrap();
+    assert!(
+        text.contains("uniplane_connect_seconds_count{path=\"local\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE uniplane_port_rx_messages_total counter"),
+        "{text}"
+    );
+    assert!(text.contains("uniplane_connections 1"), "{text}");
+
     // Nothing listens there: refused.
     let refused = client_app.connect(server_app.uid().port(81)).await;
     assert!(matches!(refused, Err(ClientError::Daemon { ref kind, .. }) if kind == "refused"));
