@@ -1,1 +1,38 @@
-//! uniplane-bench: the packet generator and benchmarks (work in progress).
+//! uniplane-bench: the packet generator and benchmarks of uniplane.
+//!
+//! Every figure the project quotes comes from a command of this crate's
+//! binary, `uniplane-bench`, that anyone can rerun. Each subcommand prints
+//! a line per second while it runs, a summary table, and with `--json` one
+//! JSON document on the last line of stdout ([`report`]).
+//!
+//! - [`gen`]: a packet generator over any stack (picked by name through
+//!   [`stacks::open_stack`]): fixed sizes, sweeps and IMIX ([`sizes`]),
+//!   rates and patterns ([`args`], [`pacer`]), flows, warm-up; a stamp in
+//!   each payload ([`stamp`]) gives one-way latency into an HDR histogram
+//!   ([`hist`]) and loss and reordering by sequence number.
+//! - [`rtt`]: closed-loop ping-pong against an echo side.
+//! - [`peer`]: real tools (iperf3, …) on the same workload in the same run,
+//!   alternating with ours, and the ratio.
+//! - [`plot`]: charts of a run as SVG or PNG.
+//!
+//! Sender and receiver run on separate OS threads, each with its own
+//! current-thread runtime ([`engine`]), so figures are per core and honest.
+
+#![deny(missing_docs)]
+
+pub mod args;
+pub mod clock;
+pub mod engine;
+mod error;
+pub mod gen;
+pub mod hist;
+pub mod pacer;
+pub mod peer;
+pub mod plot;
+pub mod report;
+pub mod rtt;
+pub mod sizes;
+pub mod stacks;
+pub mod stamp;
+
+pub use error::BenchError;

@@ -1,0 +1,217 @@
+//! Charts of a run, as SVG or PNG by the file's extension: throughput over
+//! time, the latency CDF, or throughput across a size sweep.
+//!
+//! Text needs a TrueType font, read at run time: the file named by
+//! `UNIPLANE_BENCH_FONT`, or DejaVu Sans or Liberation Sans where Linux
+//! distributions install them (Debian: `fonts-dejavu-core`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// Why a chart was not drawn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlotError {
+    /// The file name ends neither in `.svg` nor in `.png`.
+    #[error("`{0}`: plots are .svg or .png")]
+    UnknownFormat(PathBuf),
+    /// No font was found for the labels.
+    #[error("no TrueType font for plot labels: install fonts-dejavu-core or set UNIPLANE_BENCH_FONT to a .ttf file")]
+    NoFont,
+    /// Nothing to draw.
+    #[error("nothing to plot: {0}")]
+    NoData(&'static str),
+    /// The backend failed (for example, the file could not be written).
+    #[error("drawing {path}: {why}")]
+    Draw {
+        /// The output file.
+        path: PathBuf,
+        /// The backend's error.
+        why: String,
+    },
+}
+
+/// What to draw.
+#[derive(Clone, Copy, Debug)]
+pub enum Chart<'a> {
+    /// Received Mpps per interval: (seconds since start, Mpps).
+    Throughput(&'a [(f64, f64)]),
+    /// Cumulative distribution of latency: (ns, fraction at or below).
+    LatencyCdf {
+        /// Axis label (`one-way latency`, `round-trip time`).
+        what: &'a str,
+        /// The points.
+        points: &'a [(u64, f64)],
+    },
+    /// Per size: (payload bytes, Mpps, Mbit/s at L2).
+    SizeSweep(&'a [(f64, f64, f64)]),
+}
+
+const FONT: &str = "sans-serif";
+
+/// Places Linux distributions install a plain sans-serif TrueType font.
+const FONT_CANDIDATES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
+];
+
+/// The font file plots would use, if any.
+pub fn font_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("UNIPLANE_BENCH_FONT") {
+        return Some(PathBuf::from(p));
+    }
+    FONT_CANDIDATES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+fn ensure_font() -> Result<(), PlotError> {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    let ok = *LOADED.get_or_init(|| {
+        let Some(bytes) = font_path().and_then(|p| std::fs::read(p).ok()) else {
+            return false;
+        };
+        // The font table keeps fonts for the life of the process.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::NoFont)
+    }
+}
+
+/// Draws `chart` into `path` (800×500 pixels).
+pub fn draw(path: &Path, chart: &Chart<'_>) -> Result<(), PlotError> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let fail = |e: String| PlotError::Draw {
+        path: path.to_owned(),
+        why: e,
+    };
+    match ext.as_deref() {
+        Some("svg") => {
+            ensure_font()?;
+            let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+            render(&root, chart).map_err(fail)?;
+            root.present().map_err(|e| fail(e.to_string()))
+        }
+        Some("png") => {
+            ensure_font()?;
+            let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
+            render(&root, chart).map_err(fail)?;
+            root.present().map_err(|e| fail(e.to_string()))
+        }
+        _ => Err(PlotError::UnknownFormat(path.to_owned())),
+    }
+}
+
+fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart<'_>) -> Result<(), String> {
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    match *chart {
+        Chart::Throughput(points) => {
+            if points.is_empty() {
+                return Err("no per-second samples (run at least a second)".into());
+            }
+            let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
+            let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
+            let mut c = ChartBuilder::on(root)
+                .caption("Throughput over time", (FONT, 22))
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc("seconds")
+                .y_desc("Mpps received")
+                .draw()
+                .map_err(e)?;
+            c.draw_series(LineSeries::new(points.iter().copied(), &BLUE))
+                .map_err(e)?;
+            c.draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
+                .map_err(e)?;
+        }
+        Chart::LatencyCdf { what, points } => {
+            if points.is_empty() {
+                return Err("no latency recorded".into());
+            }
+            let lo = points.first().map(|p| p.0).unwrap_or(1).max(1) as f64 / 1e3;
+            let hi = points.last().map(|p| p.0).unwrap_or(1).max(2) as f64 / 1e3;
+            let (lo, hi) = (lo * 0.9, hi * 1.1);
+            let mut c = ChartBuilder::on(root)
+                .caption(format!("CDF of {what}"), (FONT, 22))
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc(format!("{what}, µs (log scale)"))
+                .y_desc("fraction at or below")
+                .draw()
+                .map_err(e)?;
+            c.draw_series(LineSeries::new(
+                points.iter().map(|&(ns, f)| (ns as f64 / 1e3, f)),
+                &RED,
+            ))
+            .map_err(e)?;
+        }
+        Chart::SizeSweep(points) => {
+            if points.is_empty() {
+                return Err("no sweep points".into());
+            }
+            let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max) * 1.05;
+            let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
+            let y2_max = points.iter().map(|p| p.2).fold(0.0, f64::max) * 1.15 + 1e-9;
+            let mut c = ChartBuilder::on(root)
+                .caption("Throughput by payload size", (FONT, 22))
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .right_y_label_area_size(70)
+                .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+                .map_err(e)?
+                .set_secondary_coord(0.0..x_max, 0.0..y2_max);
+            c.configure_mesh()
+                .x_desc("payload bytes")
+                .y_desc("Mpps (blue)")
+                .draw()
+                .map_err(e)?;
+            c.configure_secondary_axes()
+                .y_desc("Mbit/s at L2 (red)")
+                .draw()
+                .map_err(e)?;
+            c.draw_series(LineSeries::new(points.iter().map(|p| (p.0, p.1)), &BLUE))
+                .map_err(e)?;
+            c.draw_series(points.iter().map(|p| Circle::new((p.0, p.1), 3, BLUE.filled())))
+                .map_err(e)?;
+            c.draw_secondary_series(LineSeries::new(points.iter().map(|p| (p.0, p.2)), &RED))
+                .map_err(e)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_extension_is_refused() {
+        let e = draw(Path::new("x.gif"), &Chart::Throughput(&[(1.0, 1.0)])).unwrap_err();
+        assert!(matches!(e, PlotError::UnknownFormat(_)));
+    }
+}

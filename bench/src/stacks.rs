@@ -1,0 +1,117 @@
+//! Stacks by name, and where a benchmark listens and connects on each.
+//!
+//! Every stack of `uniplane_stacks::by_name` is available; the benchmark
+//! adds one variant of its own, `udp-unpacked`: the udp stack sending one
+//! message per datagram (the way iperf3 and sockperf send), where plain
+//! `udp` packs many small messages into each datagram.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use uniplane_dataplane::{Locator, Stack};
+use uniplane_stacks::udp::{UdpConfig, UdpStack};
+
+use crate::BenchError;
+
+/// The benchmark's own stack variants, beside `uniplane_stacks::STACK_NAMES`.
+pub const BENCH_STACK_NAMES: &[&str] = &["udp-unpacked"];
+
+/// Every stack name [`open_stack`] accepts.
+pub fn stack_names() -> Vec<&'static str> {
+    uniplane_stacks::STACK_NAMES
+        .iter()
+        .chain(BENCH_STACK_NAMES)
+        .copied()
+        .collect()
+}
+
+/// A new instance of the stack called `name`.
+pub fn open_stack(name: &str) -> Result<Arc<dyn Stack>, BenchError> {
+    let stack = match name {
+        "udp-unpacked" => Some(Arc::new(UdpStack::with_config(UdpConfig {
+            pack: false,
+            ..UdpConfig::default()
+        })) as Arc<dyn Stack>),
+        other => uniplane_stacks::by_name(other),
+    };
+    stack.ok_or_else(|| BenchError::UnknownStack {
+        name: name.to_owned(),
+        known: stack_names().join(", "),
+    })
+}
+
+/// Where a run listens and where it connects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoints {
+    /// The receiver listens here.
+    pub listen: Locator,
+    /// The sender connects here.
+    pub connect: Locator,
+}
+
+/// Locators for a run over `stack_name` on this host: a fresh name for
+/// in-process stacks, a free 127.0.0.1 port for stacks over IP. Stacks that
+/// need an interface (ether) have none: the user names them.
+pub fn default_endpoints(stack_name: &str) -> Result<Endpoints, BenchError> {
+    static RUN: AtomicU32 = AtomicU32::new(0);
+    let loc = match stack_name {
+        "mem" | "shm" => Locator::Name(format!(
+            "uniplane-bench-{}-{}",
+            std::process::id(),
+            RUN.fetch_add(1, Ordering::Relaxed)
+        )),
+        "udp" | "udp-unpacked" | "ltl" => Locator::Socket(free_udp_port()?),
+        "tcp" => Locator::Socket(free_tcp_port()?),
+        other => return Err(BenchError::NeedsLocator(other.to_owned())),
+    };
+    Ok(Endpoints {
+        listen: loc.clone(),
+        connect: loc,
+    })
+}
+
+/// A UDP port on 127.0.0.1 that was free a moment ago.
+pub fn free_udp_port() -> Result<SocketAddr, BenchError> {
+    let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
+    Ok(s.local_addr().map_err(uniplane_dataplane::StackError::Io)?)
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_tcp_port() -> Result<SocketAddr, BenchError> {
+    let s = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
+    Ok(s.local_addr().map_err(uniplane_dataplane::StackError::Io)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_name_opens() {
+        for name in stack_names() {
+            assert!(open_stack(name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_stack_lists_the_known_ones() {
+        let err = open_stack("carrier-pigeon").err().unwrap().to_string();
+        assert!(err.contains("mem") && err.contains("udp-unpacked"), "{err}");
+    }
+
+    #[test]
+    fn ip_stacks_get_loopback_locators_and_mem_gets_fresh_names() {
+        let a = default_endpoints("mem").unwrap();
+        let b = default_endpoints("mem").unwrap();
+        assert_ne!(a.listen, b.listen);
+        match default_endpoints("udp").unwrap().listen {
+            Locator::Socket(s) => assert!(s.ip().is_loopback()),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            default_endpoints("ether"),
+            Err(BenchError::NeedsLocator(_))
+        ));
+    }
+}
