@@ -10,7 +10,10 @@
 //! - [`datagram`]: the frame-level port trait datagram stacks share, and a
 //!   seeded impaired path for tests.
 //! - [`ether`]: overlay messages directly in Ethernet frames over the
-//!   frame layer (`uniplane-frame`), unreliable or with LTL underneath.
+//!   frame layer (`uniplane-frame`), unreliable or with LTL underneath;
+//!   `dpdk` (feature `dpdk`) is the same stack on DPDK ports.
+//! - `smoltcp` (crate `uniplane-smoltcp`): TCP and UDP from a user-space
+//!   TCP/IP stack on the frame layer.
 //!
 //! Stacks are found by name through [`by_name`], which is how configuration
 //! files pick them.
@@ -29,7 +32,11 @@ use std::sync::Arc;
 use uniplane_dataplane::Stack;
 
 /// Names of the stacks this build provides.
-pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether"];
+#[cfg(not(feature = "dpdk"))]
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp"];
+/// Names of the stacks this build provides.
+#[cfg(feature = "dpdk")]
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk"];
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
@@ -39,6 +46,12 @@ pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
         "udp" => Some(Arc::new(udp::UdpStack::new())),
         "tcp" => Some(Arc::new(tcp::TcpStack::new())),
         "ether" => Some(Arc::new(ether::EtherStack::new())),
+        "smoltcp" => Some(Arc::new(uniplane_smoltcp::SmoltcpStack::new())),
+        #[cfg(feature = "dpdk")]
+        "dpdk" => Some(Arc::new(ether::EtherStack::with_opener(
+            ether::EtherConfig::default(),
+            uniplane_dpdk::DpdkOpener::default(),
+        ))),
         _ => None,
     }
 }
