@@ -11,7 +11,10 @@ NEEDS=(
   "pkg-config:pkg-config"
   "ip:iproute2"
   "nft:nftables"
-  "dpdk-testpmd:dpdk-dev"
+  "python3:python3"
+  "verilator:verilator"
+  "iverilog:iverilog"
+  "yosys:yosys"
 )
 
 missing=()
@@ -19,17 +22,25 @@ for need in "${NEEDS[@]}"; do
   cmd=${need%%:*} pkg=${need#*:}
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
-# Libraries without a command: DPDK 22.11 and libclang for the dpdk
-# feature's bindings (bindgen).
-for pkg in libdpdk-dev libclang-dev; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
 if ((${#missing[@]})); then
   echo "==> installing ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python packages of the RTL unit testbenches (hw/tb: cocotb 1.x on Icarus;
+# cocotb 2.x needs a newer Verilator than Debian's). Installed once.
+if ! python3 -c 'import cocotb, pytest' >/dev/null 2>&1; then
+  echo "==> installing cocotb and pytest"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  python3 -m pip install --quiet "cocotb>=1.8,<2" pytest 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "cocotb>=1.8,<2" pytest
 fi
 
 # Tests that need a system tool fail instead of skipping when it is absent.
@@ -42,7 +53,3 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
-echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
-cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
-cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
-cargo test -p uniplane-dpdk --features dpdk

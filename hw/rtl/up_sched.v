@@ -109,17 +109,21 @@ function [N-1:0] span;
     end
 endfunction
 
+// Functions take every signal they read as an argument: an always @*
+// block is not sensitive to signals read only inside a called function.
 function [DW-1:0] quantum_of;
-    input [IW-1:0] q;
+    input [N*WW-1:0] weights;
+    input [IW-1:0]   q;
     begin
-        quantum_of = {{(DW-WW){1'b0}}, cfg_weight[q*WW +: WW]} * Q;
+        quantum_of = {{(DW-WW){1'b0}}, weights[q*WW +: WW]} * Q;
     end
 endfunction
 
 function [DW-1:0] len_of;
-    input [IW-1:0] q;
+    input [N*LW-1:0] lens;
+    input [IW-1:0]   q;
     begin
-        len_of = {{(DW-LW){1'b0}}, len[q*LW +: LW]};
+        len_of = {{(DW-LW){1'b0}}, lens[q*LW +: LW]};
     end
 endfunction
 
@@ -157,15 +161,15 @@ always @* begin
     e = first_from(members & req, pm);
     if (e != pm) tp = 1'b0;
     reset1 = (e != pm) ? (members & ~req & span(pm, e)) : {N{1'b0}};
-    d1 = tp ? deficit_reg[e] : deficit_reg[e] + quantum_of(e);
-    fit1 = d1 >= len_of(e);
+    d1 = tp ? deficit_reg[e] : deficit_reg[e] + quantum_of(cfg_weight, e);
+    fit1 = d1 >= len_of(len, e);
 
     // If e cannot send, the next backlogged member (e itself when it is
     // the only one) gets its quantum and is tried in the same cycle.
     e2 = first_from(members & req, succ(e));
     reset2 = members & ~req & span(succ(e), e2);
-    d2 = (e2 == e) ? d1 + quantum_of(e) : deficit_reg[e2] + quantum_of(e2);
-    fit2 = d2 >= len_of(e2);
+    d2 = (e2 == e) ? d1 + quantum_of(cfg_weight, e) : deficit_reg[e2] + quantum_of(cfg_weight, e2);
+    fit2 = d2 >= len_of(len, e2);
     nxt = first_from(members, succ(e2));
 
     if (!cfg_drr) begin
@@ -186,12 +190,12 @@ always @(posedge clk) begin
                 if (reset1[i] || (!fit1 && reset2[i])) deficit_reg[i] <= {DW{1'b0}};
             end
             if (fit1) begin
-                deficit_reg[e] <= d1 - len_of(e);
+                deficit_reg[e] <= d1 - len_of(len, e);
                 pos_reg[csel] <= e;
                 topped_reg[csel] <= 1'b1;
             end else if (fit2) begin
                 deficit_reg[e] <= d1;
-                deficit_reg[e2] <= d2 - len_of(e2);
+                deficit_reg[e2] <= d2 - len_of(len, e2);
                 pos_reg[csel] <= e2;
                 topped_reg[csel] <= 1'b1;
             end else begin

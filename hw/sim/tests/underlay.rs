@@ -170,7 +170,7 @@ fn the_demux_sends_each_message_where_the_software_demux_does() {
         let default = rng.chance(0.5).then(|| rng.below(2) as usize);
         let mut demux = Demux::new(2, rules.clone(), default).unwrap();
         let msgs: Vec<Message> = (0..12).map(|k| random_message(&mut rng, k, 100)).collect();
-        let mut want = vec![Vec::new(), Vec::new()];
+        let mut want = [Vec::new(), Vec::new()];
         for m in &msgs {
             if let Some(o) = demux.classify(m.header()) {
                 want[o].push(m.clone());
