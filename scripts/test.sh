@@ -11,6 +11,7 @@ NEEDS=(
   "pkg-config:pkg-config"
   "ip:iproute2"
   "nft:nftables"
+  "dpdk-testpmd:dpdk-dev"
   "python3:python3"
   "verilator:verilator"
   "iverilog:iverilog"
@@ -21,6 +22,11 @@ missing=()
 for need in "${NEEDS[@]}"; do
   cmd=${need%%:*} pkg=${need#*:}
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+done
+# Libraries without a command: DPDK 22.11 and libclang for the dpdk
+# feature's bindings (bindgen).
+for pkg in libdpdk-dev libclang-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
   echo "==> installing ${missing[*]}"
@@ -53,3 +59,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
+cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
+cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
+cargo test -p uniplane-dpdk --features dpdk
