@@ -170,7 +170,15 @@ pub fn watch(
     let mut last = Snapshot::default();
     let mut last_ns: Option<u64> = None;
     loop {
-        let finished = matches!(done.recv_timeout(tick), Err(RecvTimeoutError::Disconnected));
+        // Wake at the next sample boundary, or sooner for progress.
+        let wait = match last_ns {
+            Some(from) => {
+                let due = from.saturating_add(interval_ns);
+                Duration::from_nanos(due.saturating_sub(clock.now_ns())).min(tick)
+            }
+            None => tick,
+        };
+        let finished = matches!(done.recv_timeout(wait), Err(RecvTimeoutError::Disconnected));
         let now = clock.now_ns();
         let start = meter.measure_start_ns.load(Ordering::Acquire);
         let snap = meter.snapshot();

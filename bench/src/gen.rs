@@ -28,12 +28,12 @@ use crate::engine::{
     flow_header, join, recv_some, spawn_worker, wait_until, watch, Meter, Observer, Sample,
     L1_OVERHEAD, MAX_FLOWS,
 };
-use crate::BenchError;
 use crate::hist::LatencyHistogram;
 use crate::pacer::Pacer;
 use crate::sizes::SizeMix;
 use crate::stacks::Endpoints;
 use crate::stamp::Stamp;
+use crate::BenchError;
 
 /// When a run stops (warm-up not included).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -214,7 +214,8 @@ pub fn run_gen(
     let (ready_tx, ready_rx) = mpsc::sync_channel::<()>(1);
 
     let rx = {
-        let (stack, meter, cfg, listen) = (stack.clone(), meter.clone(), cfg.clone(), at.listen.clone());
+        let (stack, meter, cfg, listen) =
+            (stack.clone(), meter.clone(), cfg.clone(), at.listen.clone());
         spawn_worker("receiver", done_tx.clone(), move || async move {
             let listener = match stack.listen(&listen).await {
                 Ok(l) => l,
@@ -235,7 +236,9 @@ pub fn run_gen(
         let (stack, meter, cfg, connect) = (stack, meter.clone(), cfg.clone(), at.connect.clone());
         spawn_worker("sender", done_tx, move || async move {
             let r = async {
-                ready_rx.recv().map_err(|_| BenchError::SideGone("receiver"))?;
+                ready_rx
+                    .recv()
+                    .map_err(|_| BenchError::SideGone("receiver"))?;
                 let link = stack.connect(&connect).await?;
                 send(link, &cfg, clock, &meter).await
             }
@@ -247,7 +250,14 @@ pub fn run_gen(
             r
         })?
     };
-    let samples = watch(&meter, &clock, &done_rx, cfg.interval, cfg.stop.plan(), observer);
+    let samples = watch(
+        &meter,
+        &clock,
+        &done_rx,
+        cfg.interval,
+        cfg.stop.plan(),
+        observer,
+    );
     let received = join("receiver", rx);
     let sent = join("sender", tx);
     // The receiver's error explains a sender's `SideGone` or `Closed`.

@@ -1,1 +1,734 @@
-fn main() {}
+//! `uniplane-bench`: uniplane's packet generator and benchmarks.
+//!
+//! ```text
+//! uniplane-bench gen  --stack mem --size 64 --seconds 10 --json
+//! uniplane-bench gen  --stack udp --sizes 64..1024 --rate 1Mpps --plot sweep.svg
+//! uniplane-bench rtt  --stack mem --size 64 --seconds 5
+//! uniplane-bench peer --tool iperf3 --seconds 3 --rounds 2 --json
+//! ```
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use serde_json::{json, Value};
+use uniplane_bench::args::{parse_size, Pattern, Rate, SizeSweep};
+use uniplane_bench::engine::{Observer, Progress, Sample, L1_OVERHEAD, THREADING};
+use uniplane_bench::gen::{run_gen, GenConfig, GenRun, Stop};
+use uniplane_bench::hist::Percentiles;
+use uniplane_bench::peer::{self, Iperf3Udp, Peer, Round, Workload};
+use uniplane_bench::plot::{self, Chart};
+use uniplane_bench::report::{
+    GenParams, GenResults, PerSecond, Report, RttParams, RttResults, SIZE_COUNTS,
+};
+use uniplane_bench::rtt::{run_rtt, RttConfig};
+use uniplane_bench::sizes::SizeMix;
+use uniplane_bench::stacks::{default_endpoints, open_stack, Endpoints};
+use uniplane_bench::BenchError;
+use uniplane_dataplane::wire::HEADER_LEN;
+use uniplane_dataplane::Locator;
+
+/// uniplane's packet generator and benchmarks.
+#[derive(Parser)]
+#[command(name = "uniplane-bench", version, about)]
+struct Cli {
+    /// Print one JSON document on the last line of stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    /// No per-second lines and no progress indicator.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate traffic over a stack; measure rate, one-way latency, loss.
+    Gen(GenArgs),
+    /// Closed-loop ping-pong over a stack; measure round-trip time.
+    Rtt(RttArgs),
+    /// Run a real peer tool and uniplane on the same workload, alternating.
+    Peer(PeerArgs),
+}
+
+#[derive(Args)]
+struct Where {
+    /// Stack, by name: mem, udp, udp-unpacked, tcp, ltl, ether, …
+    #[arg(long, default_value = "mem")]
+    stack: String,
+    /// Where the receiving side listens (default: a fresh name for mem, a
+    /// free 127.0.0.1 port for IP stacks).
+    #[arg(long)]
+    listen: Option<Locator>,
+    /// Where the sending side connects (default: the listen locator).
+    #[arg(long)]
+    connect: Option<Locator>,
+}
+
+impl Where {
+    fn endpoints(&self) -> Result<Endpoints, BenchError> {
+        match (&self.listen, &self.connect) {
+            (Some(l), Some(c)) => Ok(Endpoints {
+                listen: l.clone(),
+                connect: c.clone(),
+            }),
+            (Some(l), None) | (None, Some(l)) => Ok(Endpoints {
+                listen: l.clone(),
+                connect: l.clone(),
+            }),
+            (None, None) => default_endpoints(&self.stack),
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunLength {
+    /// Measured seconds (default 1).
+    #[arg(long, conflicts_with = "count")]
+    seconds: Option<f64>,
+    /// Measured messages (or round trips) instead of seconds.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Seconds of warm-up before measuring, excluded from every figure.
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+}
+
+impl RunLength {
+    fn stop(&self) -> Stop {
+        match (self.seconds, self.count) {
+            (_, Some(n)) => Stop::Count(n),
+            (Some(s), None) => Stop::Seconds(s),
+            (None, None) => Stop::Seconds(1.0),
+        }
+    }
+
+    fn warmup(&self) -> Result<Duration, BenchError> {
+        Duration::try_from_secs_f64(self.warmup)
+            .map_err(|_| BenchError::Config(format!("bad warm-up `{}`", self.warmup)))
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlotKind {
+    /// Sweep for a size sweep, throughput for longer runs, CDF otherwise.
+    Auto,
+    /// Received Mpps per second.
+    Throughput,
+    /// Latency CDF.
+    Cdf,
+    /// Mpps and Mbit/s per size.
+    Sweep,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    #[command(flatten)]
+    at: Where,
+    /// Payload bytes of each overlay message (default 64; the 32-byte
+    /// overlay header comes on top).
+    #[arg(long, value_parser = parse_size, conflicts_with_all = ["sizes", "imix"])]
+    size: Option<usize>,
+    /// A sweep, one run per size: 64,256,1500 or 64..4096 (doubling) or
+    /// 64..1500:256 (step).
+    #[arg(long, conflicts_with = "imix")]
+    sizes: Option<SizeSweep>,
+    /// The simple IMIX: 64, 594 and 1518 bytes in the ratio 7:4:1.
+    #[arg(long)]
+    imix: bool,
+    /// Rate: max, 1Mpps, 500kpps, 10Gbps (bits of encoded messages, L2).
+    #[arg(long, default_value = "max")]
+    rate: Rate,
+    /// Spacing: constant, burst, burst:N, poisson.
+    #[arg(long, default_value = "constant")]
+    pattern: Pattern,
+    /// Flows, differing in source port and UID, sent round-robin.
+    #[arg(long, default_value_t = 1)]
+    flows: u32,
+    #[command(flatten)]
+    time: RunLength,
+    /// Messages per send and receive call.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Seed of Poisson gaps.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Busy-poll the receiver instead of parking it.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Draw a chart into this .svg or .png file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Which chart.
+    #[arg(long, value_enum, default_value = "auto")]
+    plot_kind: PlotKind,
+}
+
+#[derive(Args)]
+struct RttArgs {
+    #[command(flatten)]
+    at: Where,
+    /// Payload bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64")]
+    size: usize,
+    /// Requests outstanding at once.
+    #[arg(long, default_value_t = 1)]
+    inflight: usize,
+    #[command(flatten)]
+    time: RunLength,
+    /// Busy-poll both sides instead of parking them.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Milliseconds after which an unanswered request counts as lost.
+    #[arg(long, default_value_t = 200)]
+    timeout_ms: u64,
+    /// Draw the RTT CDF (or throughput) into this .svg or .png file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Which chart.
+    #[arg(long, value_enum, default_value = "auto")]
+    plot_kind: PlotKind,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Tool {
+    /// iperf3 UDP at full speed (-u -b 0): delivered datagrams per second.
+    Iperf3,
+}
+
+#[derive(Args)]
+struct PeerArgs {
+    /// The peer tool.
+    #[arg(long, value_enum, default_value = "iperf3")]
+    tool: Tool,
+    /// Our stack for the same workload.
+    #[arg(long, default_value = "udp-unpacked")]
+    stack: String,
+    /// Payload bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64")]
+    size: usize,
+    /// Seconds per measurement (whole seconds).
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Measurements of each side, alternating ours, peer, ours, peer, …
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+/// Per-second lines on stdout, a progress indicator on a terminal's stderr.
+struct Live {
+    label: String,
+    quiet: bool,
+    tty: bool,
+    drawn: bool,
+}
+
+impl Live {
+    fn new(label: String, quiet: bool) -> Self {
+        Live {
+            label,
+            quiet,
+            tty: std::io::stderr().is_terminal(),
+            drawn: false,
+        }
+    }
+
+    fn clear(&mut self) {
+        if self.drawn {
+            eprint!("\r{:79}\r", "");
+            self.drawn = false;
+        }
+    }
+}
+
+impl Observer for Live {
+    fn sample(&mut self, s: &Sample) {
+        if self.quiet {
+            return;
+        }
+        self.clear();
+        println!(
+            "{:>8} {:6.2} s  tx {:8.3} Mpps  rx {:8.3} Mpps  L2 {:9.1} Mbit/s  L1 {:9.1} Mbit/s  lat {:>9}  drops {}  errors {}",
+            self.label,
+            s.t_s,
+            s.tx_pps / 1e6,
+            s.rx_pps / 1e6,
+            s.mbps_l2,
+            s.mbps_l1,
+            ns(s.mean_latency_ns),
+            s.drops,
+            s.errors
+        );
+    }
+
+    fn progress(&mut self, p: &Progress) {
+        if self.quiet || !self.tty {
+            return;
+        }
+        let frac = match (p.planned_s, p.planned_count) {
+            (Some(s), _) if s > 0.0 => p.elapsed_s / s,
+            (_, Some(n)) if n > 0 => p.sent as f64 / n as f64,
+            _ => 0.0,
+        }
+        .clamp(0.0, 1.0);
+        let width = 30;
+        let done = (frac * width as f64) as usize;
+        let what = if p.warming_up { "warm-up" } else { "measuring" };
+        eprint!(
+            "\r{} [{}{}] {:3.0}% {}   ",
+            self.label,
+            "#".repeat(done),
+            ".".repeat(width - done),
+            frac * 100.0,
+            what
+        );
+        let _ = std::io::stderr().flush();
+        self.drawn = true;
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// A latency in the unit that reads best.
+fn ns(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2} s", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2} ms", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.2} us", v / 1e3)
+    } else {
+        format!("{v:.0} ns")
+    }
+}
+
+fn print_percentiles(what: &str, p: &Percentiles) {
+    println!(
+        "  {what:<10} p50 {}  p90 {}  p99 {}  p99.9 {}  p99.99 {}  max {}  (n={})",
+        ns(p.p50 as f64),
+        ns(p.p90 as f64),
+        ns(p.p99 as f64),
+        ns(p.p999 as f64),
+        ns(p.p9999 as f64),
+        ns(p.max as f64),
+        p.count
+    );
+}
+
+fn print_per_second(p: &PerSecond, rate_word: &str) {
+    println!(
+        "  per second (mean ± stddev over n={}): {rate_word} {:.3} ± {:.3} M   L2 {:.1} ± {:.1} Mbit/s   L1 {:.1} ± {:.1} Mbit/s",
+        p.pps.n,
+        p.pps.mean / 1e6,
+        p.pps.stddev / 1e6,
+        p.mbps_l2.mean,
+        p.mbps_l2.stddev,
+        p.mbps_l1.mean,
+        p.mbps_l1.stddev
+    );
+}
+
+fn emit<P: Serialize, R: Serialize>(json: bool, report: &Report<P, R>) -> Result<(), BenchError> {
+    if json {
+        println!("{}", report.to_json_line()?);
+    }
+    Ok(())
+}
+
+fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
+    let stack = open_stack(&a.at.stack)?;
+    let mixes: Vec<SizeMix> = if a.imix {
+        vec![SizeMix::imix()]
+    } else if let Some(s) = &a.sizes {
+        s.0.iter().map(|&n| SizeMix::fixed(n)).collect()
+    } else {
+        vec![SizeMix::fixed(a.size.unwrap_or(64))]
+    };
+    let base = GenConfig {
+        sizes: mixes[0].clone(),
+        rate: a.rate,
+        pattern: a.pattern,
+        flows: a.flows,
+        stop: a.time.stop(),
+        warmup: a.time.warmup()?,
+        batch: a.batch,
+        seed: a.seed,
+        busy_poll: a.busy_poll,
+        ..GenConfig::default()
+    };
+    for mix in &mixes {
+        uniplane_bench::gen::check(
+            &*stack,
+            &GenConfig {
+                sizes: mix.clone(),
+                ..base.clone()
+            },
+        )?;
+    }
+    let mut at_used = None;
+    let mut runs: Vec<(String, GenRun)> = Vec::new();
+    for mix in &mixes {
+        let at = a.at.endpoints()?;
+        let cfg = GenConfig {
+            sizes: mix.clone(),
+            ..base.clone()
+        };
+        let label = if mix.label() == "imix" {
+            "imix".to_owned()
+        } else {
+            format!("{} B", mix.label())
+        };
+        let mut live = Live::new(label.clone(), cli.quiet);
+        let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
+        drop(live);
+        if mixes.len() > 1 && !cli.quiet {
+            println!(
+                "{label:>8}  total: rx {:.3} Mpps  L2 {:.1} Mbit/s  L1 {:.1} Mbit/s  p50 {}  p99 {}  lost {}",
+                run.pps() / 1e6,
+                run.mbps_l2(),
+                run.mbps_l1(),
+                ns(run.latency.quantile(0.5) as f64),
+                ns(run.latency.quantile(0.99) as f64),
+                run.lost
+            );
+        }
+        at_used.get_or_insert(at);
+        runs.push((mix.label().to_owned(), run));
+    }
+    let results = GenResults::from_runs(&runs);
+    let at = at_used.unwrap_or(Endpoints {
+        listen: Locator::Name("-".into()),
+        connect: Locator::Name("-".into()),
+    });
+    let size_mode = if a.imix {
+        "imix"
+    } else if a.sizes.is_some() {
+        "sweep"
+    } else {
+        "fixed"
+    };
+    let (seconds, count) = base.stop.plan();
+    let params = GenParams {
+        stack: a.at.stack.clone(),
+        listen: at.listen.to_string(),
+        connect: at.connect.to_string(),
+        size_mode: size_mode.to_owned(),
+        sizes: if a.imix {
+            SizeMix::imix().cycle().to_vec()
+        } else {
+            mixes.iter().map(SizeMix::max).collect()
+        },
+        size_counts: SIZE_COUNTS,
+        rate: a.rate.to_string(),
+        pattern: a.pattern.to_string(),
+        flows: a.flows,
+        seconds,
+        count,
+        warmup_s: a.time.warmup,
+        batch: a.batch,
+        seed: a.seed,
+        busy_poll: a.busy_poll,
+        threads: THREADING,
+        l1_overhead_bytes: L1_OVERHEAD,
+    };
+
+    println!(
+        "gen over {}: payload {} (+{HEADER_LEN} B overlay header at L2, +{L1_OVERHEAD} B Ethernet framing at L1), rate {}, {} pattern, {} flow(s)",
+        a.at.stack,
+        if a.imix { "imix 7:4:1 of 64/594/1518 B".to_owned() } else { format!("{:?} B", params.sizes) },
+        a.rate,
+        a.pattern,
+        a.flows
+    );
+    println!(
+        "  {:.3} s measured: sent {}, received {}, lost {}, reordered {}, bad stamps {}, errors {}",
+        results.seconds,
+        results.sent,
+        results.received,
+        results.lost,
+        results.reordered,
+        results.bad_stamps,
+        results.errors
+    );
+    println!(
+        "  overall: tx {:.3} Mpps  rx {:.3} Mpps  L2 {:.1} Mbit/s  L1 {:.1} Mbit/s",
+        results.tx_pps / 1e6,
+        results.pps / 1e6,
+        results.mbps_l2,
+        results.mbps_l1
+    );
+    print_per_second(&results.per_second, "Mpps");
+    print_percentiles("one-way", &results.latency_ns);
+    println!("  ({THREADING})");
+
+    if let Some(path) = &a.plot {
+        let kind = match a.plot_kind {
+            PlotKind::Auto if runs.len() > 1 => PlotKind::Sweep,
+            PlotKind::Auto if results.per_second.samples.len() >= 2 => PlotKind::Throughput,
+            PlotKind::Auto => PlotKind::Cdf,
+            k => k,
+        };
+        let mut merged = uniplane_bench::hist::LatencyHistogram::new();
+        runs.iter().for_each(|(_, r)| merged.merge(&r.latency));
+        let cdf = merged.cdf();
+        let throughput: Vec<(f64, f64)> = results
+            .per_second
+            .samples
+            .iter()
+            .map(|s| (s.t_s, s.rx_pps / 1e6))
+            .collect();
+        let sweep: Vec<(f64, f64, f64)> = runs
+            .iter()
+            .map(|(_, r)| {
+                (
+                    r.rx_bytes as f64 / r.received.max(1) as f64 - HEADER_LEN as f64,
+                    r.pps() / 1e6,
+                    r.mbps_l2(),
+                )
+            })
+            .collect();
+        let chart = match kind {
+            PlotKind::Throughput => Chart::Throughput(&throughput),
+            PlotKind::Sweep => Chart::SizeSweep(&sweep),
+            _ => Chart::LatencyCdf {
+                what: "one-way latency",
+                points: &cdf,
+            },
+        };
+        plot::draw(path, &chart)?;
+        println!("  plot: {}", path.display());
+    }
+    emit(cli.json, &Report::new("gen", params, results))
+}
+
+fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
+    let stack = open_stack(&a.at.stack)?;
+    let at = a.at.endpoints()?;
+    let cfg = RttConfig {
+        size: a.size,
+        inflight: a.inflight,
+        stop: a.time.stop(),
+        warmup: a.time.warmup()?,
+        busy_poll: a.busy_poll,
+        timeout: Duration::from_millis(a.timeout_ms.max(1)),
+        ..RttConfig::default()
+    };
+    let mut live = Live::new("rtt".into(), cli.quiet);
+    let run = run_rtt(stack, &at, &cfg, &mut live)?;
+    drop(live);
+    let (seconds, count) = cfg.stop.plan();
+    let params = RttParams {
+        stack: a.at.stack.clone(),
+        listen: at.listen.to_string(),
+        connect: at.connect.to_string(),
+        size: a.size,
+        inflight: a.inflight,
+        seconds,
+        count,
+        warmup_s: a.time.warmup,
+        busy_poll: a.busy_poll,
+        threads: THREADING,
+    };
+    let results = RttResults {
+        rtt_ns: run.rtt.percentiles(),
+        round_trips_per_s: run.round_trips_per_s(),
+        sent: run.sent,
+        received: run.received,
+        lost: run.lost,
+        errors: run.errors,
+        seconds: run.seconds,
+        per_second: PerSecond::of(&run.samples),
+    };
+    println!(
+        "rtt over {}: {} B payload, {} in flight, {}",
+        a.at.stack,
+        a.size,
+        a.inflight,
+        if a.busy_poll {
+            "busy-polling"
+        } else {
+            "parking when idle"
+        }
+    );
+    println!(
+        "  {:.3} s measured: {} round trips ({:.0}/s), lost {}, errors {}",
+        results.seconds, results.received, results.round_trips_per_s, results.lost, results.errors
+    );
+    print_per_second(&results.per_second, "round trips/s");
+    print_percentiles("round trip", &results.rtt_ns);
+    println!("  ({THREADING})");
+    if let Some(path) = &a.plot {
+        let cdf = run.rtt.cdf();
+        let throughput: Vec<(f64, f64)> = run
+            .samples
+            .iter()
+            .map(|s| (s.t_s, s.rx_pps / 1e6))
+            .collect();
+        let chart = match a.plot_kind {
+            PlotKind::Throughput => Chart::Throughput(&throughput),
+            _ => Chart::LatencyCdf {
+                what: "round-trip time",
+                points: &cdf,
+            },
+        };
+        plot::draw(path, &chart)?;
+        println!("  plot: {}", path.display());
+    }
+    emit(cli.json, &Report::new("rtt", params, results))
+}
+
+/// What the comparison's reader must know about the two transports.
+fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
+    match stack {
+        "udp-unpacked" => (
+            true,
+            format!(
+                "both sides move each payload as one UDP datagram over 127.0.0.1 ({}); ours adds the \
+                 {HEADER_LEN}-byte overlay header to each datagram and batches system calls \
+                 (sendmmsg/GSO, recvmmsg/GRO)",
+                tool.transport()
+            ),
+        ),
+        "udp" => (
+            false,
+            "ours packs many messages into each UDP datagram while the peer sends one payload per \
+             datagram: same transport, different framing; use --stack udp-unpacked for one message per datagram"
+                .to_owned(),
+        ),
+        other => (
+            false,
+            format!(
+                "different transports: ours runs over the `{other}` stack, the peer over {}; \
+                 the comparison is like-for-like with --stack udp-unpacked",
+                tool.transport()
+            ),
+        ),
+    }
+}
+
+fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
+    let tool: Box<dyn Peer> = match a.tool {
+        Tool::Iperf3 => Box::new(Iperf3Udp::default()),
+    };
+    let w = Workload {
+        size: a.size,
+        seconds: a.seconds.max(1),
+    };
+    let stack_name = a.stack.clone();
+    open_stack(&stack_name)?;
+    let (like_for_like, note) = transport_note(&stack_name, &*tool);
+    println!(
+        "peer: {} vs uniplane over `{stack_name}`, {} B payloads, {} s per measurement, {} rounds each (A B A B)",
+        tool.tool(),
+        w.size,
+        w.seconds,
+        a.rounds.max(1)
+    );
+    println!("  note: {note}");
+    let metric = tool.metric();
+    let quiet = cli.quiet;
+    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
+        let stack = open_stack(&stack_name)?;
+        let at = default_endpoints(&stack_name)?;
+        match metric {
+            peer::Metric::Pps => {
+                let cfg = GenConfig {
+                    sizes: SizeMix::fixed(w.size),
+                    stop: Stop::Seconds(w.seconds as f64),
+                    warmup: Duration::ZERO,
+                    ..GenConfig::default()
+                };
+                let r = run_gen(stack, &at, &cfg, &mut Live::new("ours".into(), true))?;
+                Ok((
+                    r.pps(),
+                    json!({"tx_pps": r.tx_pps(), "sent": r.sent, "received": r.received, "lost": r.lost,
+                           "latency_ns": r.latency.percentiles()}),
+                ))
+            }
+            peer::Metric::RttP50Ns => {
+                let cfg = RttConfig {
+                    size: w.size,
+                    stop: Stop::Seconds(w.seconds as f64),
+                    warmup: Duration::ZERO,
+                    ..RttConfig::default()
+                };
+                let r = run_rtt(stack, &at, &cfg, &mut Live::new("ours".into(), true))?;
+                let p = r.rtt.percentiles();
+                Ok((p.p50 as f64, json!({"rtt_ns": p, "lost": r.lost})))
+            }
+        }
+    };
+    let unit = |v: f64| match metric {
+        peer::Metric::Pps => format!("{:.3} Mpps", v / 1e6),
+        peer::Metric::RttP50Ns => ns(v),
+    };
+    let c = peer::compare(&*tool, &w, a.rounds, &mut ours, |r: &Round| {
+        if !quiet {
+            println!(
+                "  round {} {:<6} {}",
+                r.order + 1,
+                if r.side == "ours" {
+                    "ours"
+                } else {
+                    tool.tool()
+                },
+                unit(r.value)
+            );
+        }
+    })?;
+    println!(
+        "  {}: ours {}  {} {}  ratio ours/peer {:.2}",
+        c.metric,
+        unit(c.ours),
+        tool.tool(),
+        unit(c.peer),
+        c.ratio
+    );
+    let params = json!({
+        "tool": tool.tool(),
+        "stack": stack_name,
+        "size": w.size,
+        "seconds": w.seconds,
+        "rounds": a.rounds.max(1),
+        "order": "ours, peer, ours, peer, …",
+        "peer_commands": tool.commands(&w),
+    });
+    let results = json!({
+        "metric": c.metric,
+        "ours": c.ours,
+        "peer": c.peer,
+        "ratio": c.ratio,
+        "higher_is_better": c.higher_is_better,
+        "ours_stack": stack_name,
+        "peer_tool": tool.tool(),
+        "peer_transport": tool.transport(),
+        "like_for_like": like_for_like,
+        "note": note,
+        "rounds": c.rounds,
+    });
+    emit(cli.json, &Report::new("peer", params, results))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Command::Gen(a) => gen(&cli, a),
+        Command::Rtt(a) => rtt(&cli, a),
+        Command::Peer(a) => peer(&cli, a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uniplane-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -250,9 +250,8 @@ impl ProcessGroup {
                 libc::kill(-pgid, libc::SIGKILL);
             }
         }
-        let collect = |h: Option<JoinHandle<String>>| {
-            h.and_then(|h| h.join().ok()).unwrap_or_default()
-        };
+        let collect =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
         Ok((status, collect(out), collect(err)))
     }
 }
@@ -273,12 +272,7 @@ fn read_all<R: Read + Send + 'static>(mut r: R) -> JoinHandle<String> {
 
 fn tail(s: &str, max: usize) -> String {
     let t = s.trim();
-    let start = t
-        .char_indices()
-        .rev()
-        .nth(max)
-        .map(|(i, _)| i)
-        .unwrap_or(0);
+    let start = t.char_indices().rev().nth(max).map(|(i, _)| i).unwrap_or(0);
     t[start..].to_owned()
 }
 
@@ -562,13 +556,17 @@ pub struct Comparison {
     pub rounds: Vec<Round>,
 }
 
+/// Our side of a comparison: one measurement of a workload, as the figure
+/// and whatever else it reported.
+pub type OurSide<'a> = dyn FnMut(&Workload) -> Result<(f64, Value), crate::BenchError> + 'a;
+
 /// Runs our side and `peer` alternately, `rounds` times each (ours first):
 /// A B A B …
 pub fn compare(
     peer: &dyn Peer,
     w: &Workload,
     rounds: usize,
-    ours: &mut dyn FnMut(&Workload) -> Result<(f64, Value), crate::BenchError>,
+    ours: &mut OurSide<'_>,
     mut progress: impl FnMut(&Round),
 ) -> Result<Comparison, crate::BenchError> {
     let mut all = Vec::with_capacity(rounds * 2);
@@ -710,9 +708,7 @@ mod tests {
 
     #[test]
     fn a_missing_tool_is_named_with_its_package() {
-        let p = Iperf3Udp {
-            binary: None,
-        };
+        let p = Iperf3Udp { binary: None };
         let e = PeerError::Missing {
             tool: p.tool(),
             package: p.package(),

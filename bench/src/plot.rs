@@ -117,7 +117,10 @@ pub fn draw(path: &Path, chart: &Chart<'_>) -> Result<(), PlotError> {
     }
 }
 
-fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart<'_>) -> Result<(), String> {
+fn render<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    chart: &Chart<'_>,
+) -> Result<(), String> {
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
     match *chart {
@@ -196,8 +199,12 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart<'_>) 
                 .map_err(e)?;
             c.draw_series(LineSeries::new(points.iter().map(|p| (p.0, p.1)), &BLUE))
                 .map_err(e)?;
-            c.draw_series(points.iter().map(|p| Circle::new((p.0, p.1), 3, BLUE.filled())))
-                .map_err(e)?;
+            c.draw_series(
+                points
+                    .iter()
+                    .map(|p| Circle::new((p.0, p.1), 3, BLUE.filled())),
+            )
+            .map_err(e)?;
             c.draw_secondary_series(LineSeries::new(points.iter().map(|p| (p.0, p.2)), &RED))
                 .map_err(e)?;
         }

@@ -343,7 +343,11 @@ mod tests {
 
     #[test]
     fn a_report_is_one_line_with_the_four_keys() {
-        let r = Report::new("x", serde_json::json!({"a": 1}), serde_json::json!({"b": 2}));
+        let r = Report::new(
+            "x",
+            serde_json::json!({"a": 1}),
+            serde_json::json!({"b": 2}),
+        );
         let line = r.to_json_line().unwrap();
         assert!(!line.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -369,6 +373,8 @@ mod tests {
         assert_eq!(sweep[1].pps, 300.0);
         assert_eq!(r.received, 400);
         assert_eq!(r.pps, 200.0);
-        assert!(GenResults::from_runs(&[("64".into(), run(1))]).sweep.is_none());
+        assert!(GenResults::from_runs(&[("64".into(), run(1))])
+            .sweep
+            .is_none());
     }
 }

@@ -134,12 +134,8 @@ pub fn run_rtt(
     let (ready_tx, ready_rx) = mpsc::sync_channel::<()>(1);
 
     let echo = {
-        let (stack, meter, cfg, listen) = (
-            stack.clone(),
-            meter.clone(),
-            cfg.clone(),
-            at.listen.clone(),
-        );
+        let (stack, meter, cfg, listen) =
+            (stack.clone(), meter.clone(), cfg.clone(), at.listen.clone());
         spawn_worker("echo", done_tx.clone(), move || async move {
             let listener = match stack.listen(&listen).await {
                 Ok(l) => l,
@@ -288,9 +284,10 @@ async fn ping(
         }
         meter.tx_msgs.store(run.sent, Ordering::Relaxed);
         meter.rx_msgs.store(run.received, Ordering::Relaxed);
-        meter
-            .rx_bytes
-            .store(run.received * (HEADER_LEN + cfg.size) as u64, Ordering::Relaxed);
+        meter.rx_bytes.store(
+            run.received * (HEADER_LEN + cfg.size) as u64,
+            Ordering::Relaxed,
+        );
         meter.latency_sum_ns.store(latency_sum, Ordering::Relaxed);
         meter.errors.store(run.errors, Ordering::Relaxed);
     }

@@ -73,13 +73,15 @@ pub fn default_endpoints(stack_name: &str) -> Result<Endpoints, BenchError> {
 
 /// A UDP port on 127.0.0.1 that was free a moment ago.
 pub fn free_udp_port() -> Result<SocketAddr, BenchError> {
-    let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
+    let s =
+        UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
     Ok(s.local_addr().map_err(uniplane_dataplane::StackError::Io)?)
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_tcp_port() -> Result<SocketAddr, BenchError> {
-    let s = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
+    let s =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
     Ok(s.local_addr().map_err(uniplane_dataplane::StackError::Io)?)
 }
 

@@ -142,10 +142,7 @@ mod tests {
         let mut small = [0u8; 23];
         assert_eq!(S.write(&mut small), Err(StampError::Short(23)));
         for len in 0..Stamp::LEN {
-            assert_eq!(
-                Stamp::read(&[0u8; 24][..len]),
-                Err(StampError::Short(len))
-            );
+            assert_eq!(Stamp::read(&[0u8; 24][..len]), Err(StampError::Short(len)));
         }
     }
 

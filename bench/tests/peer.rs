@@ -1,0 +1,91 @@
+//! The peer mechanism: parsing real iperf3 output, and iperf3 run for real
+//! on 127.0.0.1 beside uniplane.
+
+mod common;
+
+use common::*;
+use uniplane_bench::peer::{parse_iperf3_udp, Iperf3Udp, Metric, Peer, PeerError, Workload};
+
+const IPERF3_UDP_64B: &str = include_str!("data/iperf3-udp-64b.json");
+
+#[test]
+fn real_iperf3_udp_output_parses_to_received_datagrams_per_second() {
+    let r = parse_iperf3_udp(IPERF3_UDP_64B).unwrap();
+    assert_eq!(r.blksize, 64);
+    assert_eq!(r.sent_packets, 643_920);
+    assert_eq!(r.server_packets, 642_835);
+    assert_eq!(r.lost_packets, 364_293);
+    assert_eq!(r.received_packets(), 278_542);
+    // The server received 17826688 bytes = 278542 datagrams of 64 bytes.
+    assert_eq!(r.received_packets() * 64, 17_826_688);
+    assert!((r.received_pps() - 278_542.0 / 1.002984).abs() < 1e-6);
+    assert!((r.sent_pps() - 643_920.0 / 1.00002).abs() < 1e-6);
+}
+
+#[test]
+fn iperf3_output_that_is_not_a_udp_result_is_an_error() {
+    let tcp = IPERF3_UDP_64B.replace("\"UDP\"", "\"TCP\"");
+    assert!(matches!(
+        parse_iperf3_udp(&tcp),
+        Err(PeerError::BadOutput { .. })
+    ));
+    assert!(matches!(
+        parse_iperf3_udp("not json"),
+        Err(PeerError::BadOutput { .. })
+    ));
+    let refused = r#"{"start":{},"intervals":[],"end":{},"error":"unable to connect to server: Connection refused"}"#;
+    let e = parse_iperf3_udp(refused).unwrap_err().to_string();
+    assert!(e.contains("Connection refused"), "{e}");
+    let truncated = r#"{"start":{"test_start":{"protocol":"UDP"}},"end":{"sum":{"packets":1}}}"#;
+    assert!(parse_iperf3_udp(truncated).is_err());
+}
+
+#[test]
+fn iperf3_runs_on_loopback_and_reports_a_rate() {
+    if !tool_available("iperf3", "iperf3") {
+        return;
+    }
+    let peer = Iperf3Udp::default();
+    assert_eq!(peer.metric(), Metric::Pps);
+    let f = peer
+        .run(&Workload {
+            size: 64,
+            seconds: 1,
+        })
+        .unwrap();
+    assert!(f.value > 0.0, "{f:?}");
+    assert!(f.detail["sent_packets"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn the_peer_command_reports_both_sides_and_the_ratio() {
+    if !tool_available("iperf3", "iperf3") {
+        return;
+    }
+    let out = bench(&[
+        "peer",
+        "--tool",
+        "iperf3",
+        "--stack",
+        "mem",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    let v = last_json(&out);
+    assert_eq!(string(&v, "bench"), "peer");
+    check_machine(&v);
+    assert_eq!(string(&v, "results.metric"), "pps");
+    let ours = number(&v, "results.ours");
+    let peer = number(&v, "results.peer");
+    assert!(ours > 0.0 && peer > 0.0);
+    assert!((number(&v, "results.ratio") - ours / peer).abs() < 1e-9);
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    let sides: Vec<&str> = rounds.iter().map(|r| r["side"].as_str().unwrap()).collect();
+    assert_eq!(sides, ["ours", "peer"]);
+    // mem against kernel UDP is said to be a different transport.
+    assert_eq!(at(&v, "results.like_for_like").as_bool(), Some(false));
+    assert!(string(&v, "results.note").contains("different transports"));
+}
