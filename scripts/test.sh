@@ -16,6 +16,8 @@ NEEDS=(
   "verilator:verilator"
   "iverilog:iverilog"
   "yosys:yosys"
+  "iperf3:iperf3"
+  "fc-list:fontconfig"
 )
 
 missing=()
