@@ -95,20 +95,22 @@ fn memcpy_gbps(p: &PeerToPeer, size: usize, budget: Duration) -> f64 {
     size as f64 / median(&mut times) / 1e9
 }
 
-/// Least-squares fit of time = latency + size / bandwidth.
+/// Fit of time = latency + size / bandwidth by least squares on relative
+/// error (weights 1/time²), so the small sizes pin the latency and the
+/// large ones the bandwidth.
 fn fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let (mut sxy, mut sxx) = (0.0, 0.0);
+    let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for (x, y) in points {
-        sxy += (x - mx) * (y - my);
-        sxx += (x - mx) * (x - mx);
+        let w = 1.0 / (y * y);
+        sw += w;
+        sx += w * x;
+        sy += w * y;
+        sxx += w * x * x;
+        sxy += w * x * y;
     }
-    let slope = sxy / sxx;
-    (my - slope * mx, 1.0 / slope)
+    let slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx);
+    let latency = (sy - slope * sx) / sw;
+    (latency, 1.0 / slope)
 }
 
 fn main() {
@@ -187,9 +189,6 @@ fn main() {
             let mut got = vec![0u8; size];
             let ok = p.b.read_memory(0, &mut got) && got[..] == pattern[..size];
             let med = median(&mut times);
-            if std::env::var_os("SWEEP_DEBUG").is_some() {
-                eprintln!("min {:.2} us", times[0] * 1e6);
-            }
             println!(
                 "{:>10} {:>8} {:>12.2} {:>10.3} {:>8}",
                 size,

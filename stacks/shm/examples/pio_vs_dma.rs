@@ -423,6 +423,27 @@ fn shm_link(o: Opts, size: usize) -> Vec<u64> {
     )
 }
 
+/// CPU use of a spin-then-park receiver on a silent mailbox for 500 ms.
+fn idle_cpu(spin: Duration) -> f64 {
+    let region = MailboxRegion::create(1, 128).expect("mailbox");
+    let (mut tx, _) = region
+        .endpoint(0, Side::A, WaitPolicy::BusyPoll)
+        .expect("endpoint");
+    let (_, mut rx) = region
+        .endpoint(0, Side::B, WaitPolicy::SpinThenPark { spin })
+        .expect("endpoint");
+    let t = std::thread::spawn(move || {
+        let wall = Instant::now();
+        let cpu = thread_cpu();
+        let mut b = Vec::new();
+        let _ = rx.recv(&mut b);
+        (thread_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = tx.send(&[]);
+    t.join().unwrap_or(f64::NAN)
+}
+
 fn main() {
     let o = opts();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -435,6 +456,10 @@ fn main() {
     for size in SIZES {
         let p = stats(pio(o, size, WaitPolicy::BusyPoll));
         print_row("pio busy-poll", size, &p);
+        let parked = WaitPolicy::SpinThenPark {
+            spin: Duration::from_micros(20),
+        };
+        print_row("pio spin-then-park", size, &stats(pio(o, size, parked)));
         let d = stats(dma(o, size));
         print_row("dma ring", size, &d);
         if crossover.is_none() && d.p[0] < p.p[0] {
@@ -454,5 +479,9 @@ fn main() {
     println!(
         "# spin-then-park, one ping per ms: responder CPU {:.1} % of a core",
         cpu * 100.0
+    );
+    println!(
+        "# spin-then-park, silent for 500 ms: receiver CPU {:.2} % of a core",
+        idle_cpu(Duration::from_micros(20)) * 100.0
     );
 }

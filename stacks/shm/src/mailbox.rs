@@ -12,15 +12,19 @@
 //! marked.
 //!
 //! ```text
-//!  direction = [ slot 0 | slot 1 | ack | consumer parked | producer parked ]
+//!  direction = [ slot 0 | slot 1 | ack | consumer flag+bell | producer flag+bell ]
 //!  slot      = [ seq u32 | len u32 (bit 31: last) | payload … ]  (128 B aligned)
 //! ```
 //!
 //! Waiting is a policy: [`WaitPolicy::BusyPoll`] spins (lowest latency, a
 //! core per waiter) and [`WaitPolicy::SpinThenPark`] spins for a while and
-//! then sleeps on a futex of the word it waits for, after raising its
-//! *parked* flag; the other side makes the futex call only when that flag
-//! is up. A region holds N mailboxes for N pairs of threads in parallel.
+//! then sleeps on a futex, after raising its *parked* flag; the other side
+//! makes the futex call only when that flag is up. The futex is a *bell*
+//! word the waker bumps, not the watched word itself: a waker may take the
+//! flag for a value that does not yet satisfy the sleeper (one
+//! acknowledgement when it needs two), and only a bell that changes after
+//! the flag was taken keeps that wake-up from being lost. A region holds N
+//! mailboxes for N pairs of threads in parallel.
 //!
 //! Everything read from the slots is checked (fragment length against the
 //! slot, message length against the limit); a bad fragment is an error,
@@ -241,18 +245,38 @@ impl Direction {
     fn ack(&self) -> &AtomicU32 {
         self.word(self.base + 2 * self.slot_bytes)
     }
-    fn consumer_parked(&self) -> &AtomicU32 {
-        self.word(self.base + 2 * self.slot_bytes + 128)
+    /// Where the consumer sleeps: flag and bell in one line.
+    fn consumer_bed(&self) -> Bed<'_> {
+        let line = self.base + 2 * self.slot_bytes + 128;
+        Bed {
+            parked: self.word(line),
+            bell: self.word(line + 4),
+        }
     }
-    fn producer_parked(&self) -> &AtomicU32 {
-        self.word(self.base + 2 * self.slot_bytes + 256)
+    /// Where the producer sleeps.
+    fn producer_bed(&self) -> Bed<'_> {
+        let line = self.base + 2 * self.slot_bytes + 256;
+        Bed {
+            parked: self.word(line),
+            bell: self.word(line + 4),
+        }
     }
+}
+
+/// A side's sleeping place: its *parked* flag and its bell, a counter the
+/// waker bumps after it took the flag. The sleeper waits on the bell, not
+/// on the word it watches, so a wake-up that lands between its last look
+/// and its sleep changes the bell and the sleep returns at once.
+#[derive(Clone, Copy)]
+struct Bed<'a> {
+    parked: &'a AtomicU32,
+    bell: &'a AtomicU32,
 }
 
 /// Waits until `ready(word)`, by `policy`, until `deadline`.
 fn wait_until(
     word: &AtomicU32,
-    parked: &AtomicU32,
+    bed: Bed<'_>,
     policy: WaitPolicy,
     deadline: Option<Instant>,
     ready: impl Fn(u32) -> bool,
@@ -283,30 +307,38 @@ fn wait_until(
                 std::hint::spin_loop()
             }
             WaitPolicy::SpinThenPark { .. } => {
-                parked.store(1, Ordering::SeqCst);
+                bed.parked.store(1, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
+                let bell = bed.bell.load(Ordering::SeqCst);
                 let v = word.load(Ordering::SeqCst);
                 if ready(v) {
-                    parked.store(0, Ordering::Relaxed);
+                    bed.parked.store(0, Ordering::Relaxed);
                     return Ok(v);
                 }
+                // A waker took the flag for a value that was not enough:
+                // raise it again before sleeping, or nobody will ring.
+                if bed.parked.load(Ordering::SeqCst) == 0 {
+                    continue;
+                }
+                // The nap is only a safety net: wake-ups are not lost.
                 let nap = deadline
                     .map(|d| d.saturating_duration_since(now))
-                    .unwrap_or(Duration::from_millis(100))
-                    .min(Duration::from_millis(100));
-                futex_wait(word, v, Some(nap));
-                parked.store(0, Ordering::Relaxed);
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(Duration::from_secs(1));
+                futex_wait(bed.bell, bell, Some(nap));
             }
         }
     }
 }
 
-/// Wakes the other side if it parked on `word`.
+/// Wakes the other side if it parked: takes its flag, bumps its bell and
+/// wakes the bell's sleeper.
 #[inline]
-fn wake_if_parked(word: &AtomicU32, parked: &AtomicU32) {
+fn wake_if_parked(bed: Bed<'_>) {
     fence(Ordering::SeqCst);
-    if parked.load(Ordering::SeqCst) != 0 && parked.swap(0, Ordering::SeqCst) != 0 {
-        futex_wake(word, 1);
+    if bed.parked.load(Ordering::SeqCst) != 0 && bed.parked.swap(0, Ordering::SeqCst) != 0 {
+        bed.bell.fetch_add(1, Ordering::SeqCst);
+        futex_wake(bed.bell, 1);
     }
 }
 
@@ -351,7 +383,7 @@ impl MailboxSender {
             let want = n.wrapping_sub(2);
             wait_until(
                 self.dir.ack(),
-                self.dir.producer_parked(),
+                self.dir.producer_bed(),
                 self.policy,
                 deadline,
                 |ack| want.wrapping_sub(ack) as i32 <= 0,
@@ -361,7 +393,7 @@ impl MailboxSender {
             self.dir.mem.write(slot + SLOT_HEADER, &msg[at..at + chunk]);
             self.dir.mem.write(slot + 4, &info.to_le_bytes());
             self.dir.seq_word(n).store(n, Ordering::Release);
-            wake_if_parked(self.dir.seq_word(n), self.dir.consumer_parked());
+            wake_if_parked(self.dir.consumer_bed());
             self.next = n.wrapping_add(1);
             at += chunk;
             if last {
@@ -407,7 +439,7 @@ impl MailboxReceiver {
             let n = self.expect;
             wait_until(
                 self.dir.seq_word(n),
-                self.dir.consumer_parked(),
+                self.dir.consumer_bed(),
                 self.policy,
                 deadline,
                 |seq| seq == n,
@@ -427,7 +459,7 @@ impl MailboxReceiver {
             out.resize(start + len, 0);
             self.dir.mem.read(slot + SLOT_HEADER, &mut out[start..]);
             self.dir.ack().store(n, Ordering::Release);
-            wake_if_parked(self.dir.ack(), self.dir.producer_parked());
+            wake_if_parked(self.dir.producer_bed());
             self.expect = n.wrapping_add(1);
             if info & LAST != 0 {
                 return Ok(out.len());
@@ -522,6 +554,35 @@ mod tests {
         r.mem.write(8, &99u64.to_le_bytes());
         let fd = r.memory().fd().try_clone_to_owned().unwrap();
         assert!(MailboxRegion::open(fd).is_err());
+    }
+
+    #[test]
+    fn parked_ends_never_sleep_through_a_wake_between_slots() {
+        // Both ends park at once on multi-fragment messages: a late waker
+        // must wake the slot the sleeper waits on now, not the one it wrote.
+        let r = MailboxRegion::create(1, 128).unwrap();
+        let policy = WaitPolicy::SpinThenPark {
+            spin: Duration::ZERO,
+        };
+        let (mut tx, mut rx) = r.endpoint(0, Side::A, policy).unwrap();
+        let (mut btx, mut brx) = r.endpoint(0, Side::B, policy).unwrap();
+        // A lost wake-up sleeps until the deadline; a busy machine's
+        // scheduling stalls stay well below it.
+        let soon = || Some(Instant::now() + Duration::from_millis(500));
+        let t = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            for _ in 0..3000 {
+                brx.recv_deadline(&mut b, soon()).unwrap();
+                btx.send_deadline(&b, soon()).unwrap();
+            }
+        });
+        let msg = [7u8; 1000];
+        let mut back = Vec::new();
+        for _ in 0..3000 {
+            tx.send_deadline(&msg, soon()).unwrap();
+            rx.recv_deadline(&mut back, soon()).unwrap();
+        }
+        t.join().unwrap();
     }
 
     #[test]
