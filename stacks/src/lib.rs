@@ -14,6 +14,8 @@
 //!   `dpdk` (feature `dpdk`) is the same stack on DPDK ports.
 //! - `smoltcp` (crate `uniplane-smoltcp`): TCP and UDP from a user-space
 //!   TCP/IP stack on the frame layer.
+//! - `shm` ([`uniplane_shm::ShmStack`]): links between processes of one
+//!   server over shared-memory rings; the locator is a Unix socket path.
 //!
 //! Stacks are found by name through [`by_name`], which is how configuration
 //! files pick them.
@@ -33,10 +35,10 @@ use uniplane_dataplane::Stack;
 
 /// Names of the stacks this build provides.
 #[cfg(not(feature = "dpdk"))]
-pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp"];
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp", "shm"];
 /// Names of the stacks this build provides.
 #[cfg(feature = "dpdk")]
-pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk"];
+pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp", "shm", "dpdk"];
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
@@ -47,6 +49,7 @@ pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
         "tcp" => Some(Arc::new(tcp::TcpStack::new())),
         "ether" => Some(Arc::new(ether::EtherStack::new())),
         "smoltcp" => Some(Arc::new(uniplane_smoltcp::SmoltcpStack::new())),
+        "shm" => Some(Arc::new(uniplane_shm::ShmStack::new())),
         #[cfg(feature = "dpdk")]
         "dpdk" => Some(Arc::new(ether::EtherStack::with_opener(
             ether::EtherConfig::default(),

@@ -126,6 +126,9 @@ fn main() {
         host_bytes: (args.max.max(1 << 20)).next_multiple_of(1 << 20),
         model: args.model,
         engine_cpus: [Some(1), Some(1)],
+        // Idle engines yield to each other; a long poll keeps the second
+        // hop of the staged modes from waiting for a sleeping engine.
+        engine_spin: Duration::from_millis(2),
         ..P2pConfig::default()
     };
     // The driver runs on CPU 0, both engines on CPU 1 (they yield to each

@@ -150,6 +150,8 @@ pub struct P2pConfig {
     pub engine_cpus: [Option<usize>; 2],
     /// How long the drivers spin for completions before they sleep.
     pub driver_spin: Duration,
+    /// How long an idle engine polls its rings before it sleeps.
+    pub engine_spin: Duration,
 }
 
 impl Default for P2pConfig {
@@ -164,6 +166,7 @@ impl Default for P2pConfig {
             limits: DmaLimits::default(),
             engine_cpus: [None, None],
             driver_spin: Duration::from_micros(50),
+            engine_spin: Duration::from_micros(50),
         }
     }
 }
@@ -204,6 +207,7 @@ impl PeerToPeer {
         let engine = |d: &DeviceRegion, cpu: Option<usize>| {
             let e = DmaEngine::new(d.clone(), bus.clone())
                 .with_limits(cfg.limits)
+                .with_spin(cfg.engine_spin)
                 .with_cpu(cpu);
             match cfg.model {
                 Some(m) => e.with_model(m),
