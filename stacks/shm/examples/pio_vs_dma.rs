@@ -423,6 +423,58 @@ fn shm_link(o: Opts, size: usize) -> Vec<u64> {
     )
 }
 
+/// One-way messages per second through `n` mailboxes in parallel, a
+/// sender and a receiver thread each (busy-poll). With one mailbox the
+/// two threads are pinned to CPUs 0 and 1; more pairs share the two CPUs.
+fn mailbox_throughput(n: usize, size: usize, run: Duration) -> f64 {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let region = MailboxRegion::create(n, 128).expect("mailbox");
+    let stop = Arc::new(AtomicBool::new(false));
+    let got = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for i in 0..n {
+        let (mut tx, _) = region
+            .endpoint(i, Side::A, WaitPolicy::BusyPoll)
+            .expect("endpoint");
+        let (_, mut rx) = region
+            .endpoint(i, Side::B, WaitPolicy::BusyPoll)
+            .expect("endpoint");
+        let (stop_tx, stop_rx, got) = (stop.clone(), stop.clone(), got.clone());
+        threads.push(std::thread::spawn(move || {
+            if n == 1 {
+                let _ = pin_to_cpu(0);
+            }
+            let msg = vec![1u8; size];
+            while !stop_tx.load(Relaxed) {
+                let soon = Some(Instant::now() + Duration::from_millis(10));
+                if tx.send_deadline(&msg, soon).is_err() {
+                    continue;
+                }
+            }
+        }));
+        threads.push(std::thread::spawn(move || {
+            if n == 1 {
+                let _ = pin_to_cpu(1);
+            }
+            let mut b = Vec::with_capacity(size);
+            let mut count = 0;
+            while !stop_rx.load(Relaxed) {
+                let soon = Some(Instant::now() + Duration::from_millis(10));
+                if rx.recv_deadline(&mut b, soon).is_ok() {
+                    count += 1;
+                }
+            }
+            got.fetch_add(count, Relaxed);
+        }));
+    }
+    std::thread::sleep(run);
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join().ok();
+    }
+    got.load(Relaxed) as f64 / run.as_secs_f64()
+}
+
 /// CPU use of a spin-then-park receiver on a silent mailbox for 500 ms.
 fn idle_cpu(spin: Duration) -> f64 {
     let region = MailboxRegion::create(1, 128).expect("mailbox");
@@ -472,6 +524,14 @@ fn main() {
     match crossover {
         Some(s) => println!("# crossover: DMA p50 beats PIO p50 from {s} bytes"),
         None => println!("# crossover: PIO p50 wins at every size measured"),
+    }
+    for n in [1, 2] {
+        for size in [8, 64, 120] {
+            println!(
+                "# mailbox one-way, {n} in parallel, {size} B: {:.2} M messages/s",
+                mailbox_throughput(n, size, Duration::from_millis(300)) / 1e6
+            );
+        }
     }
     let (v, cpu) = pio_quiet(o.quiet_samples, Duration::from_micros(5));
     let s = stats(v);
