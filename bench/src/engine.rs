@@ -274,6 +274,7 @@ pub async fn recv_some(
 ) -> Result<Option<usize>, LinkError> {
     if busy {
         let deadline = Instant::now() + idle;
+        let mut spins = 0u32;
         loop {
             let polled = poll_fn(|cx| Poll::Ready(link.poll_recv_batch(cx, out, max))).await;
             match polled {
@@ -281,6 +282,13 @@ pub async fn recv_some(
                 Poll::Pending => {
                     if Instant::now() >= deadline {
                         return Ok(None);
+                    }
+                    spins = spins.saturating_add(1);
+                    if spins > SPINS_BEFORE_YIELD {
+                        // Long idle: let another thread (perhaps the other
+                        // side) have this core, as on an oversubscribed
+                        // machine spinning would starve it.
+                        std::thread::yield_now();
                     }
                     tokio::task::yield_now().await;
                 }
@@ -294,9 +302,14 @@ pub async fn recv_some(
     }
 }
 
-/// Waits until `clock` reads `due_ns`: sleeps on the runtime's timer while
-/// more than 2 ms remain, then yields to the runtime until the time comes
-/// (timer resolution is 1 ms; pacing needs better).
+/// Empty polls a busy-polling receiver makes before it also yields its
+/// core to the operating system on each further poll.
+const SPINS_BEFORE_YIELD: u32 = 256;
+
+/// Waits until `clock` reads `due_ns`: on the runtime's timer while more
+/// than 2 ms remain (its resolution is 1 ms), then in a short OS sleep
+/// while more than 200 us remain, then yielding the core on each check, so
+/// a paced sender does not starve the receiver of a small machine.
 pub async fn wait_until<C: Clock>(clock: &C, due_ns: u64) {
     loop {
         let now = clock.now_ns();
@@ -306,7 +319,12 @@ pub async fn wait_until<C: Clock>(clock: &C, due_ns: u64) {
         let left = due_ns - now;
         if left > 2_000_000 {
             tokio::time::sleep(Duration::from_nanos(left - 1_000_000)).await;
+        } else if left > 200_000 {
+            // The OS wakes sleepers up to ~50 us late (timer slack); this
+            // runtime runs only the sender, so blocking it briefly is safe.
+            std::thread::sleep(Duration::from_nanos(left - 100_000));
         } else {
+            std::thread::yield_now();
             tokio::task::yield_now().await;
         }
     }

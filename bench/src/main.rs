@@ -672,14 +672,20 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     };
     let c = peer::compare(&*tool, &w, a.rounds, &mut ours, |r: &Round| {
         if !quiet {
+            let sent = r
+                .detail
+                .get("tx_pps")
+                .and_then(Value::as_f64)
+                .map(|tx| format!("  (sent {})", unit(tx)))
+                .unwrap_or_default();
+            let side = if r.side == "ours" {
+                "ours"
+            } else {
+                tool.tool()
+            };
             println!(
-                "  round {} {:<6} {}",
+                "  round {} {side:<6} {} received{sent}",
                 r.order + 1,
-                if r.side == "ours" {
-                    "ours"
-                } else {
-                    tool.tool()
-                },
                 unit(r.value)
             );
         }

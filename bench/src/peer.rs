@@ -423,9 +423,14 @@ impl Peer for Iperf3Udp {
             });
         }
         let r = parse_iperf3_udp(&out)?;
+        let mut detail = serde_json::to_value(r).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut detail {
+            map.insert("received_pps".into(), r.received_pps().into());
+            map.insert("tx_pps".into(), r.sent_pps().into());
+        }
         Ok(PeerFigure {
             value: r.received_pps(),
-            detail: serde_json::to_value(r).unwrap_or(Value::Null),
+            detail,
         })
     }
 }

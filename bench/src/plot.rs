@@ -3,7 +3,8 @@
 //!
 //! Text needs a TrueType font, read at run time: the file named by
 //! `UNIPLANE_BENCH_FONT`, or DejaVu Sans or Liberation Sans where Linux
-//! distributions install them (Debian: `fonts-dejavu-core`).
+//! distributions install them (Debian: `fonts-dejavu-core`, which the
+//! `fontconfig` package brings).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -59,6 +60,7 @@ const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/truetype/liberation2/LiberationSans-Regular.ttf",
     "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
 ];
 
