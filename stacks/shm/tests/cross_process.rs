@@ -27,6 +27,7 @@ fn child_role() {
     match role.to_str() {
         Some("dma-engine") => return dma_engine_child(&path),
         Some("mailbox-echo") => return mailbox_child(&path),
+        Some("hostile-listener") => return hostile_listener_child(&path),
         _ => {}
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -237,5 +238,69 @@ fn a_mailbox_echoes_through_another_process() {
         assert_eq!(back, msg, "message {i}");
     }
     tx.send(&[]).unwrap();
+    assert_eq!(child.wait(Duration::from_secs(10)), Some(0));
+}
+
+/// A listener that hands out a well-formed region, then writes a tail far
+/// beyond the ring and a garbage record: what a buggy or hostile daemon
+/// could do.
+fn hostile_listener_child(path: &std::ffi::OsStr) {
+    use uniplane_shm::sys::{memfd_name, send_with_fds, EventFd, SharedMemory};
+    let listener = std::os::unix::net::UnixListener::bind(path).expect("bind");
+    let (sock, _) = listener.accept().expect("accept");
+    let ring = MIN_RING_BYTES;
+    let len = 4096 + 2 * ring;
+    let mem = SharedMemory::create(&memfd_name("hostile"), len).expect("memfd");
+    mem.write(0, b"1MHSPINU");
+    mem.write(8, &1u32.to_le_bytes());
+    mem.write(12, &(ring as u32).to_le_bytes());
+    let mut hello = [0u8; 32];
+    hello[0..8].copy_from_slice(b"1MHSPINU");
+    hello[8..12].copy_from_slice(&1u32.to_le_bytes());
+    hello[12..16].copy_from_slice(&(ring as u32).to_le_bytes());
+    hello[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+    let bells: Vec<EventFd> = (0..4).map(|_| EventFd::new().expect("eventfd")).collect();
+    let mut fds = vec![mem.fd()];
+    fds.extend(bells.iter().map(|b| b.as_fd()));
+    send_with_fds(sock.as_fd(), &hello, &fds).expect("hello");
+    // Ring 1 (listener -> connector): control block at 2048, data after ring 0.
+    let data = 4096 + ring;
+    // First a record that is not a message, published properly...
+    mem.write(data, &8u32.to_le_bytes());
+    mem.write(data + 8, b"garbage!");
+    let tail = mem.atomic_u64(2048).expect("tail");
+    tail.store(16, std::sync::atomic::Ordering::Release);
+    bells[2].ring();
+    std::thread::sleep(Duration::from_millis(200));
+    // ...then a tail that claims more than the ring holds.
+    tail.store(1 << 40, std::sync::atomic::Ordering::Release);
+    bells[2].ring();
+    // Stay alive until the parent hangs up.
+    let mut b = [0u8; 1];
+    let _ = std::io::Read::read(&mut &sock, &mut b);
+}
+
+#[tokio::test]
+async fn a_hostile_listener_gets_a_failed_link_not_a_crash() {
+    let path = common::socket_path("hostile");
+    let mut child = ChildProcess::spawn("hostile-listener", &path);
+    let start = Instant::now();
+    let mut link = loop {
+        match ShmLink::connect(&path).await {
+            Ok(l) => break l,
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    };
+    let end = within(10, link.next()).await;
+    assert!(
+        matches!(end, Some(Err(LinkError::PeerFailed(_)))),
+        "{end:?}"
+    );
+    assert_eq!(link.stats().malformed, 1, "the garbage record was counted");
+    assert!(within(10, link.next()).await.is_none());
+    drop(link);
     assert_eq!(child.wait(Duration::from_secs(10)), Some(0));
 }
