@@ -35,7 +35,7 @@ initial begin
     end
 end
 
-reg [W-1:0] mem [0:DEPTH-1];
+reg [W-1:0] fifo_mem [0:DEPTH-1];
 reg [AW:0]  wr_ptr_reg = {AW+1{1'b0}};
 reg [AW:0]  rd_ptr_reg = {AW+1{1'b0}};
 
@@ -44,12 +44,12 @@ wire empty = wr_ptr_reg == rd_ptr_reg;
 
 assign s_ready = !full;
 assign m_valid = !empty;
-assign m_data  = mem[rd_ptr_reg[AW-1:0]];
+assign m_data  = fifo_mem[rd_ptr_reg[AW-1:0]];
 assign count   = wr_ptr_reg - rd_ptr_reg;
 
 always @(posedge clk) begin
     if (s_valid && !full) begin
-        mem[wr_ptr_reg[AW-1:0]] <= s_data;
+        fifo_mem[wr_ptr_reg[AW-1:0]] <= s_data;
         wr_ptr_reg <= wr_ptr_reg + 1'b1;
     end
     if (m_ready && !empty) begin

@@ -215,6 +215,11 @@ impl RtlDevice {
             .extend(beats.iter().copied());
     }
 
+    /// Beats queued on input `i` of `kind` and not yet accepted.
+    pub fn queued_beats(&self, kind: Stream, i: usize) -> usize {
+        self.inputs[kind_index(kind)][i].beats.len()
+    }
+
     /// Whether every input has sent everything queued.
     pub fn inputs_drained(&self) -> bool {
         self.inputs.iter().flatten().all(|q| q.beats.is_empty())
