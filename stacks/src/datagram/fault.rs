@@ -45,6 +45,16 @@ pub struct DatagramFaults {
     pub latency: Duration,
     /// Extra delay of a reordered datagram.
     pub reorder_delay: Duration,
+    /// Time the path is busy with each datagram: a bottleneck that serves
+    /// one datagram at a time, first come first served, so a sender that
+    /// pushes faster builds a queue (zero: no bottleneck).
+    pub per_datagram: Duration,
+    /// Probability that a datagram finds the path stalled for
+    /// `stall_time`: it and everything pushed during the stall leave
+    /// after it, in order, as when the receiving task is not scheduled.
+    pub stall: f64,
+    /// How long a stall lasts.
+    pub stall_time: Duration,
 }
 
 impl DatagramFaults {
@@ -58,6 +68,9 @@ impl DatagramFaults {
             corrupt: 0.0,
             latency: Duration::from_micros(10),
             reorder_delay: Duration::from_micros(30),
+            per_datagram: Duration::ZERO,
+            stall: 0.0,
+            stall_time: Duration::from_millis(1),
         }
     }
 }
@@ -75,6 +88,8 @@ pub struct PathStats {
     pub duplicated: u64,
     /// Datagrams held back.
     pub reordered: u64,
+    /// Stalls begun.
+    pub stalls: u64,
     /// Datagrams with a flipped bit.
     pub corrupted: u64,
 }
@@ -87,6 +102,10 @@ pub struct FaultyPath {
     rng: SplitMix64,
     in_flight: BinaryHeap<Reverse<(Instant, u64, Slot)>>,
     order: u64,
+    /// When the bottleneck finishes the datagrams queued so far.
+    busy_until: Option<Instant>,
+    /// The end of the current stall.
+    stalled_until: Option<Instant>,
     stats: PathStats,
 }
 
@@ -119,6 +138,8 @@ impl FaultyPath {
             config,
             in_flight: BinaryHeap::new(),
             order: 0,
+            busy_until: None,
+            stalled_until: None,
             stats: PathStats::default(),
         }
     }
@@ -126,6 +147,12 @@ impl FaultyPath {
     /// Counters so far.
     pub fn stats(&self) -> PathStats {
         self.stats
+    }
+
+    /// How long a datagram pushed at `now` waits for the bottleneck.
+    pub fn queueing_delay(&self, now: Instant) -> Duration {
+        self.busy_until
+            .map_or(Duration::ZERO, |b| b.saturating_duration_since(now))
     }
 
     /// Datagrams in flight.
@@ -146,6 +173,14 @@ impl FaultyPath {
     /// Sends `data` into the path at `now`.
     pub fn push(&mut self, data: Bytes, now: Instant) {
         self.stats.pushed += 1;
+        // The bottleneck serves every datagram, lost or not (loss happens
+        // beyond it, as at a receiver that drops what it read).
+        let mut now = now;
+        if !self.config.per_datagram.is_zero() {
+            let start = self.busy_until.map_or(now, |b| b.max(now));
+            now = start + self.config.per_datagram;
+            self.busy_until = Some(now);
+        }
         let c = &self.config;
         let (loss, corrupt, dup, reorder) = (c.loss, c.corrupt, c.duplicate, c.reorder);
         if self.rng.chance(loss) {
@@ -161,6 +196,13 @@ impl FaultyPath {
             data = copy.freeze();
         }
         let mut due = now + self.config.latency;
+        if self.config.stall > 0.0 && self.rng.chance(self.config.stall) {
+            self.stats.stalls += 1;
+            self.stalled_until = Some(due + self.config.stall_time);
+        }
+        if let Some(until) = self.stalled_until {
+            due = due.max(until);
+        }
         if self.rng.chance(reorder) {
             self.stats.reordered += 1;
             due += self.config.reorder_delay;
@@ -232,6 +274,29 @@ mod tests {
         let s = a.1;
         assert!(s.lost > 0 && s.duplicated > 0 && s.reordered > 0 && s.corrupted > 0);
         assert_eq!(s.delivered, s.pushed - s.lost + s.duplicated);
+    }
+
+    #[test]
+    fn a_bottleneck_spaces_datagrams_by_their_service_time() {
+        let cfg = DatagramFaults {
+            per_datagram: Duration::from_micros(5),
+            ..DatagramFaults::new(2)
+        };
+        let mut p = FaultyPath::new(cfg);
+        let t0 = Instant::now();
+        for i in 0..10u8 {
+            p.push(Bytes::from(vec![i]), t0);
+        }
+        assert_eq!(p.queueing_delay(t0), Duration::from_micros(50));
+        let mut due = Vec::new();
+        while let Some(at) = p.next_due() {
+            due.push(at - t0);
+            p.pop_due(at);
+        }
+        let want: Vec<_> = (1..=10)
+            .map(|i| Duration::from_micros(5 * i + 10))
+            .collect();
+        assert_eq!(due, want);
     }
 
     #[test]

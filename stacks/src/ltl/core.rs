@@ -10,13 +10,24 @@
 //!
 //! Reliability is selective repeat: the receiver keeps out-of-order frames
 //! inside its window and acknowledges cumulatively; on a gap it sends a
-//! NACK with a bitmap of what it holds beyond the gap, and the sender
-//! retransmits the holes at once (at most once per round trip each). The
-//! retransmission timer follows RFC 6298 (SRTT, RTTVAR, Karn's rule,
-//! exponential backoff). The receiver grants credit in frames: the window
-//! covers frames held out of order and frames received but not yet read by
-//! the application, so a reader that stalls stops the sender and nothing is
-//! dropped.
+//! NACK with a bitmap of what it holds beyond the gap (repeated once per
+//! round trip while the gap stays open and nothing arrives). The sender
+//! resends a frame once frames sent after it are known to have arrived
+//! (loss judged by transmission order, as RACK judges it by time), so a
+//! gap is repaired on the first NACK that shows it, and a lost
+//! retransmission on the first answer to anything sent after it. When
+//! nothing comes back for two round trips, a tail-loss probe resends the
+//! newest frame not known to have arrived, whose answer names what is
+//! missing; the retransmission timer (RFC 6298: SRTT, RTTVAR, Karn's rule,
+//! exponential backoff) is left for a peer that stopped answering.
+//!
+//! Flow control is credit in frames: the window covers frames held out of
+//! order and frames received but not yet read by the application, so a
+//! reader that stalls stops the sender and nothing is dropped. The sender
+//! keeps at most `max_in_flight` frames in flight that no NACK reported,
+//! well under the window: while a gap is repaired, frames reported beyond
+//! it leave the flight and the sender goes on into the rest of the window
+//! instead of stalling for the round trip the repair takes.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -25,7 +36,9 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use uniplane_dataplane::{Message, SplitMix64};
 
-use super::wire::{payload_checksum, Frame, Kind, PayloadSum, Repr, HEADER_LEN, SACK_LEN};
+use super::wire::{
+    payload_checksum, Frame, Kind, PayloadSum, Repr, HEADER_LEN, MAX_SACK_BYTES, SACK_LEN,
+};
 
 /// How an LTL endpoint behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,9 +47,16 @@ pub struct LtlConfig {
     pub max_connections: usize,
     /// Largest datagram, header included.
     pub max_frame: usize,
-    /// Frames a receiver buffers per connection, which is also the most
-    /// frames a sender has unacknowledged.
+    /// Frames a receiver buffers per connection (out of order, or in order
+    /// and not yet read): the credit it grants, and so the most frames a
+    /// sender has unacknowledged. NACKs report up to 2048 frames past a
+    /// gap.
     pub window: u32,
+    /// Frames a sender keeps in flight that are not known to have arrived
+    /// (frames a NACK reported do not count). Smaller than `window`, it
+    /// leaves the sender room to go on while a gap is repaired, and keeps
+    /// the queue it builds short.
+    pub max_in_flight: u32,
     /// Bytes of messages a connection queues before `send` refuses more.
     pub send_buffer: usize,
     /// Retransmission timeout before the first RTT sample.
@@ -52,6 +72,10 @@ pub struct LtlConfig {
     pub max_timeouts: u32,
     /// How long a closed connection lingers to answer a repeated FIN.
     pub linger: Duration,
+    /// Frames sent after a missing one that must arrive before it counts
+    /// as lost and goes again (1 suits fabrics that keep order; more
+    /// tolerates paths that reorder, at the price of slower repair).
+    pub reorder_threshold: u32,
 }
 
 impl Default for LtlConfig {
@@ -59,7 +83,8 @@ impl Default for LtlConfig {
         LtlConfig {
             max_connections: 4096,
             max_frame: 1472,
-            window: 256,
+            window: 1024,
+            max_in_flight: 256,
             send_buffer: 512 << 10,
             initial_rto: Duration::from_millis(50),
             min_rto: Duration::from_millis(5),
@@ -67,6 +92,7 @@ impl Default for LtlConfig {
             keepalive_interval: Duration::from_millis(200),
             max_timeouts: 8,
             linger: Duration::from_millis(100),
+            reorder_threshold: 3,
         }
     }
 }
@@ -159,15 +185,35 @@ pub struct LtlStats {
     pub out_of_window: u64,
     /// Frames sent again after a timeout.
     pub timeout_retransmits: u64,
-    /// Frames sent again after a NACK.
+    /// Frames sent again because a NACK or ACK showed frames sent after
+    /// them arrived (a gap).
     pub fast_retransmits: u64,
-    /// Timer expiries with data outstanding.
+    /// Frames sent again as tail-loss probes: no progress for two round
+    /// trips while frames were unacknowledged.
+    pub probe_retransmits: u64,
+    /// Timer expiries with data outstanding (each doubles the timeout).
     pub timeouts: u64,
+    /// ACK frames sent (keepalive answers included).
+    pub acks_sent: u64,
+    /// NACK frames sent.
+    pub nacks_sent: u64,
+    /// NACKs sent again because a gap stayed open with nothing arriving.
+    pub nack_repeats: u64,
+    /// Microseconds connections spent with data queued but no credit or
+    /// window to send it.
+    pub blocked_micros: u64,
     /// Connections refused at the limit or while not listening.
     pub refused: u64,
     /// Connections whose peer failed.
     pub peer_failures: u64,
 }
+
+/// Shortest tail-loss probe timeout.
+const PROBE_FLOOR: Duration = Duration::from_micros(100);
+/// Tail-loss probes between two acknowledgements that make progress.
+const MAX_PROBES: u32 = 2;
+/// Shortest interval between NACKs repeated for an open gap.
+const NACK_REPEAT_FLOOR: Duration = Duration::from_micros(100);
 
 /// `a < b` in sequence-number arithmetic.
 #[inline]
@@ -189,9 +235,14 @@ struct Sent {
     kind: Kind,
     payload: Bytes,
     sum: PayloadSum,
+    /// When it was last transmitted.
     sent_at: Instant,
+    /// Its last transmission's place among the connection's transmissions.
+    order: u64,
     retransmitted: bool,
+    /// Reported received beyond a gap by a NACK.
     sacked: bool,
+    /// Waiting in the retransmission queue.
     queued: bool,
 }
 
@@ -210,6 +261,8 @@ struct Conn<A> {
     snd_nxt: u32,
     snd_limit: u32,
     inflight: VecDeque<Sent>,
+    /// Frames of `inflight` a NACK reported.
+    sacked: u32,
     rexmit: VecDeque<u32>,
     unsent: BytesMut,
     unsent_lens: VecDeque<u32>,
@@ -233,10 +286,24 @@ struct Conn<A> {
     rttvar: Duration,
     rto: Duration,
     rto_at: Option<Instant>,
-    /// After a timeout: `snd_nxt` then. Acknowledgements that advance but
-    /// stay below it reveal the next lost frame, sent again at once.
-    recover: Option<u32>,
+    /// Smallest RTT sample seen.
+    min_rtt: Option<Duration>,
+    /// DATA and FIN transmissions so far, new or again.
+    tx_order: u64,
+    /// The latest transmission (by `tx_order`) known to have arrived.
+    delivered_order: u64,
+    /// Tail-loss probe timer, and probes sent since the last progress.
+    probe_at: Option<Instant>,
+    probes: u32,
+    /// When the first SYN (or SYN_ACK) went, for a handshake RTT sample;
+    /// cleared when it is sent again (Karn).
+    handshake_at: Option<Instant>,
+    handshake_repeated: bool,
+    /// Receiver: when to repeat a NACK if a gap is still open.
+    nack_at: Option<Instant>,
     keepalive_at: Instant,
+    /// Since when data waits for credit or window.
+    blocked_since: Option<Instant>,
     timeouts: u32,
     error: Option<ConnError>,
     scheduled: bool,
@@ -256,6 +323,8 @@ pub struct Endpoint<A> {
     resets: VecDeque<(A, u32, u32)>,
     events: VecDeque<Event>,
     stats: LtlStats,
+    /// Connection ids, reused by the timer walk.
+    scratch: Vec<ConnId>,
 }
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
@@ -273,6 +342,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             resets: VecDeque::new(),
             events: VecDeque::new(),
             stats: LtlStats::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -314,6 +384,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
         self.conns.get(&id).map(|c| c.peer)
     }
 
+    /// The smoothed round-trip time and the retransmission timeout of a
+    /// connection (no RTT before the first sample).
+    pub fn timing(&self, id: ConnId) -> Option<(Option<Duration>, Duration)> {
+        self.conns.get(&id).map(|c| (c.srtt, c.rto))
+    }
+
     /// Whether the connection is established (data flows).
     pub fn is_established(&self, id: ConnId) -> bool {
         self.conns
@@ -345,7 +421,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             snd_una: isn,
             snd_nxt: isn,
             snd_limit: isn,
-            inflight: VecDeque::with_capacity(c.window as usize),
+            inflight: VecDeque::with_capacity(c.window.min(4096) as usize),
+            sacked: 0,
             rexmit: VecDeque::new(),
             unsent: BytesMut::new(),
             unsent_lens: VecDeque::new(),
@@ -367,8 +444,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             rttvar: Duration::ZERO,
             rto: c.initial_rto,
             rto_at: None,
-            recover: None,
+            min_rtt: None,
+            tx_order: 0,
+            delivered_order: 0,
+            probe_at: None,
+            probes: 0,
+            handshake_at: None,
+            handshake_repeated: false,
+            nack_at: None,
             keepalive_at: now + c.keepalive_interval,
+            blocked_since: None,
             timeouts: 0,
             error: None,
             scheduled: false,
@@ -551,6 +636,12 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
         };
         c.timeouts = 0;
         c.keepalive_at = now + self.config.keepalive_interval;
+        if kind != Kind::SynAck && c.state == State::Established {
+            // The first answer to our SYN_ACK times the path.
+            if let Some(at) = c.handshake_at.take() {
+                rtt_sample(c, now.saturating_duration_since(at), &self.config);
+            }
+        }
         match kind {
             Kind::Rst => {
                 self.fail(id, ConnError::Reset);
@@ -558,6 +649,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             }
             Kind::SynAck => {
                 if c.state == State::SynSent {
+                    if let Some(at) = c.handshake_at.take() {
+                        rtt_sample(c, now.saturating_duration_since(at), &self.config);
+                    }
                     c.state = State::Established;
                     c.peer_id = frame.src_conn();
                     c.rcv_nxt = frame.seq();
@@ -690,7 +784,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             advanced = true;
         }
         c.ack_due = true;
-        if !c.ooo.is_empty() {
+        if c.ooo.is_empty() {
+            c.nack_at = None;
+        } else {
             c.nack_due = true;
         }
         if advanced {
@@ -762,7 +858,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
             };
-            match transmit_one(c, id, now, &self.config, out) {
+            match transmit_one(c, id, now, &self.config, &mut self.stats, out) {
                 Some(to) => {
                     if c.was_full && c.unsent.len() < self.config.send_buffer {
                         c.was_full = false;
@@ -786,15 +882,21 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             .filter_map(|c| match c.state {
                 State::Closed(at) => Some(at),
                 State::Failed => None,
-                _ => Some(c.rto_at.map_or(c.keepalive_at, |r| r.min(c.keepalive_at))),
+                _ => [c.rto_at, c.probe_at, c.nack_at]
+                    .into_iter()
+                    .flatten()
+                    .fold(c.keepalive_at, Instant::min)
+                    .into(),
             })
             .min()
     }
 
     /// Runs the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
-        for id in ids {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        ids.extend(self.conns.keys().copied());
+        for &id in &ids {
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
             };
@@ -812,23 +914,40 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
                 _ => {}
             }
             let mut timed_out = false;
+            let mut probed = false;
             if c.rto_at.is_some_and(|t| t <= now) {
                 timed_out = true;
                 self.stats.timeouts += 1;
                 c.rto = (c.rto * 2).min(self.config.max_rto);
                 c.rto_at = Some(now + c.rto);
+                c.probe_at = None;
                 if c.state == State::SynSent {
                     c.syn_due = true;
+                    c.handshake_at = None;
+                    c.handshake_repeated = true;
                 } else {
                     // The oldest frame goes again; the answer to it says
                     // what else is missing (a NACK for holes below frames
                     // that arrived, partial acknowledgements for a lost
                     // tail). Sending the whole window again would repeat
                     // everything whenever only an ACK was lost.
-                    c.recover = Some(c.snd_nxt);
                     if queue_first_unacked(c) {
                         self.stats.timeout_retransmits += 1;
                     }
+                }
+            } else if c.probe_at.is_some_and(|t| t <= now) {
+                // Two round trips without progress: resend the newest frame
+                // not known to have arrived. Its answer (an ACK, or a NACK
+                // naming the gaps) repairs a lost tail, a lost NACK or a
+                // lost retransmission in one round trip, where the
+                // retransmission timer would wait for its floor. A probe
+                // is no timeout: it neither backs off nor counts towards
+                // declaring the peer failed.
+                c.probe_at = None;
+                c.probes += 1;
+                if queue_newest_unacked(c) {
+                    self.stats.probe_retransmits += 1;
+                    probed = true;
                 }
             } else if c.keepalive_at <= now {
                 c.keepalive_at = now + self.config.keepalive_interval;
@@ -845,9 +964,25 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
                     self.fail(id, ConnError::TimedOut(n));
                     continue;
                 }
+            }
+            if timed_out || probed {
                 self.mark_dirty(id);
             }
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            if c.nack_at.is_some_and(|t| t <= now) {
+                // A gap is open and nothing arrived for a round trip: the
+                // NACK (or the retransmission it asked for) may be lost.
+                c.nack_at = None;
+                if !c.ooo.is_empty() && c.state == State::Established {
+                    c.nack_due = true;
+                    self.stats.nack_repeats += 1;
+                    self.mark_dirty(id);
+                }
+            }
         }
+        self.scratch = ids;
     }
 }
 
@@ -859,6 +994,7 @@ fn credit<A>(c: &Conn<A>, window: u32) -> u32 {
 }
 
 fn rtt_sample<A>(c: &mut Conn<A>, sample: Duration, cfg: &LtlConfig) {
+    c.min_rtt = Some(c.min_rtt.map_or(sample, |m| m.min(sample)));
     match c.srtt {
         None => {
             c.srtt = Some(sample);
@@ -871,10 +1007,41 @@ fn rtt_sample<A>(c: &mut Conn<A>, sample: Duration, cfg: &LtlConfig) {
         }
     }
     let srtt = c.srtt.unwrap_or(sample);
+    // A fresh sample also ends any backoff (RFC 6298, 5.7).
     c.rto = (srtt + (c.rttvar * 4).max(Duration::from_micros(100))).clamp(cfg.min_rto, cfg.max_rto);
 }
 
-/// Applies an acknowledgement, a credit and (for a NACK) a bitmap.
+/// Arms the tail-loss probe two smoothed RTTs from now, when frames are
+/// unacknowledged and that comes before the retransmission timeout.
+fn arm_probe<A>(c: &mut Conn<A>, now: Instant) {
+    c.probe_at = None;
+    if c.inflight.is_empty() || c.probes >= MAX_PROBES {
+        return;
+    }
+    let Some(srtt) = c.srtt else {
+        return;
+    };
+    let at = now + (srtt * 2).max(PROBE_FLOOR);
+    if c.rto_at.is_none_or(|rto| at < rto) {
+        c.probe_at = Some(at);
+    }
+}
+
+/// How long a receiver waits before it repeats a NACK for a gap nothing
+/// has filled: one smoothed RTT.
+fn nack_interval<A>(c: &Conn<A>, cfg: &LtlConfig) -> Duration {
+    c.srtt.unwrap_or(cfg.initial_rto).max(NACK_REPEAT_FLOOR)
+}
+
+/// Applies an acknowledgement, a credit and (for a NACK) a bitmap, then
+/// queues for retransmission every frame that a later transmission
+/// overtook.
+///
+/// Loss is judged by transmission order, as RACK (RFC 8985) judges it by
+/// time: a frame is lost once `reorder_threshold` transmissions made after
+/// it have arrived. A retransmitted frame is therefore sent again only
+/// after something sent after its retransmission arrived, never on a
+/// timer that a stale RTT estimate could hold back.
 fn handle_ack<A>(
     c: &mut Conn<A>,
     ack: u32,
@@ -887,66 +1054,95 @@ fn handle_ack<A>(
     if before(c.snd_limit, window) {
         c.snd_limit = window;
     }
+    let mut progress = false;
+    let mut sample: Option<Duration> = None;
+    let mut delivered = c.delivered_order;
+    // A retransmitted frame that arrives sooner than any round trip could
+    // is its first transmission arriving: its order says nothing.
+    let min_rtt = c.min_rtt.unwrap_or(Duration::ZERO);
+    let mut note = |s: &Sent, sample: &mut Option<Duration>| {
+        let rtt = now.saturating_duration_since(s.sent_at);
+        if !s.retransmitted {
+            *sample = Some(sample.map_or(rtt, |m| m.min(rtt)));
+        }
+        if !s.retransmitted || rtt >= min_rtt {
+            delivered = delivered.max(s.order);
+        }
+    };
     if before(c.snd_una, ack) && !before(c.snd_nxt, ack) {
-        // Karn's rule, widened: an acknowledgement that covers a frame
-        // sent twice, or one that waited behind a hole (sacked), does not
-        // time the path.
-        let mut newest = None;
-        let mut clean = true;
+        // Karn's rule: frames sent twice do not time the path, and frames
+        // reported by a NACK were timed when they were reported.
         while before(c.snd_una, ack) {
             let Some(s) = c.inflight.pop_front() else {
                 break;
             };
-            clean &= !s.retransmitted && !s.sacked;
-            newest = Some(s.sent_at);
             c.snd_una = c.snd_una.wrapping_add(1);
+            if s.sacked {
+                c.sacked -= 1;
+            } else {
+                note(&s, &mut sample);
+            }
         }
-        if let (Some(at), true) = (newest, clean) {
-            rtt_sample(c, now.saturating_duration_since(at), cfg);
+        progress = true;
+    }
+    if let Some(bitmap) = sack {
+        if c.snd_una == ack {
+            // Bit i: frame ack + 1 + i arrived.
+            let bits = bitmap.len() * 8;
+            for (i, s) in c.inflight.iter_mut().enumerate().skip(1).take(bits) {
+                let bit = i - 1;
+                if !s.sacked && bitmap[bit / 8] & (0x80 >> (bit % 8)) != 0 {
+                    s.sacked = true;
+                    c.sacked += 1;
+                    progress = true;
+                    note(s, &mut sample);
+                }
+            }
         }
+    }
+    c.delivered_order = delivered;
+    if let Some(rtt) = sample {
+        rtt_sample(c, rtt, cfg);
+    }
+    if progress {
         c.rto_at = if c.inflight.is_empty() {
             None
         } else {
             Some(now + c.rto)
         };
-        match c.recover {
-            Some(r) if before(c.snd_una, r) => {
-                if queue_first_unacked(c) {
-                    stats.timeout_retransmits += 1;
-                }
-            }
-            _ => c.recover = None,
-        }
+        c.probes = 0;
+        arm_probe(c, now);
     }
-    let Some(bitmap) = sack else {
-        return;
-    };
-    if c.snd_una != ack {
-        return;
-    }
-    // Bit i: frame ack + 1 + i arrived. Holes below the highest arrival
-    // are lost (or late): send each again, at most once per round trip.
-    let mut highest = None;
-    for (i, s) in c.inflight.iter_mut().enumerate().skip(1).take(SACK_LEN * 8) {
-        let bit = i - 1;
-        if bitmap[bit / 8] & (0x80 >> (bit % 8)) != 0 {
-            s.sacked = true;
-            highest = Some(i);
-        }
-    }
-    let Some(highest) = highest else {
-        return;
-    };
-    let guard = c.srtt.unwrap_or(cfg.initial_rto);
+    let threshold = u64::from(cfg.reorder_threshold.max(1));
     let mut seq = c.snd_una;
-    for s in c.inflight.iter_mut().take(highest) {
-        if !s.sacked && !s.queued && now.saturating_duration_since(s.sent_at) >= guard {
+    for s in c.inflight.iter_mut() {
+        if s.order + threshold > c.delivered_order {
+            if !s.retransmitted {
+                // Frames beyond were first sent later still.
+                break;
+            }
+        } else if !s.sacked && !s.queued {
             s.queued = true;
             c.rexmit.push_back(seq);
             stats.fast_retransmits += 1;
         }
         seq = seq.wrapping_add(1);
     }
+}
+
+/// Queues the newest frame not known to have arrived for retransmission;
+/// false when there is none or it is already queued.
+fn queue_newest_unacked<A>(c: &mut Conn<A>) -> bool {
+    let Some(back) = c.inflight.iter().rposition(|s| !s.sacked) else {
+        return false;
+    };
+    let s = &mut c.inflight[back];
+    if s.queued {
+        return false;
+    }
+    s.queued = true;
+    c.rexmit.push_back(c.snd_una.wrapping_add(back as u32));
+    true
 }
 
 /// Queues the oldest unacknowledged frame for retransmission; false when
@@ -969,6 +1165,7 @@ fn transmit_one<A: Copy>(
     id: ConnId,
     now: Instant,
     cfg: &LtlConfig,
+    stats: &mut LtlStats,
     out: &mut BytesMut,
 ) -> Option<A> {
     if matches!(c.state, State::Failed) {
@@ -988,6 +1185,9 @@ fn transmit_one<A: Copy>(
         if c.rto_at.is_none() {
             c.rto_at = Some(now + c.rto);
         }
+        if c.handshake_at.is_none() && !c.handshake_repeated {
+            c.handshake_at = Some(now);
+        }
         repr.kind = Kind::Syn;
         repr.dst_conn = 0;
         repr.ack = 0;
@@ -1000,6 +1200,13 @@ fn transmit_one<A: Copy>(
     }
     if c.synack_due {
         c.synack_due = false;
+        // Karn: a SYN_ACK sent again makes the answer ambiguous.
+        c.handshake_repeated = c.handshake_at.is_some() || c.handshake_repeated;
+        c.handshake_at = if c.handshake_repeated {
+            None
+        } else {
+            Some(now)
+        };
         repr.kind = Kind::SynAck;
         repr.seq = c.snd_una;
         repr.emit_empty(out);
@@ -1011,16 +1218,22 @@ fn transmit_one<A: Copy>(
         c.nack_due = false;
         c.ack_due = false;
         c.keepalive_pending = false;
-        let mut bitmap = [0u8; SACK_LEN];
-        for (i, slot) in c.ooo.iter().enumerate().skip(1).take(SACK_LEN * 8) {
+        // As many blocks as reach the highest frame held.
+        let bits = c.ooo.len().saturating_sub(1).min(MAX_SACK_BYTES * 8);
+        let len = bits.div_ceil(SACK_LEN * 8).max(1) * SACK_LEN;
+        let mut bitmap = [0u8; MAX_SACK_BYTES];
+        for (i, slot) in c.ooo.iter().enumerate().skip(1).take(bits) {
             if slot.is_some() {
                 let bit = i - 1;
                 bitmap[bit / 8] |= 0x80 >> (bit % 8);
             }
         }
+        let bitmap = &bitmap[..len];
         repr.kind = Kind::Nack;
         c.advertised = repr.window;
-        repr.emit(&bitmap, payload_checksum(&bitmap), out);
+        c.nack_at = Some(now + nack_interval(c, cfg));
+        stats.nacks_sent += 1;
+        repr.emit(bitmap, payload_checksum(bitmap), out);
         return Some(c.peer);
     }
     // Retransmissions first, oldest first.
@@ -1036,6 +1249,8 @@ fn transmit_one<A: Copy>(
         }
         s.retransmitted = true;
         s.sent_at = now;
+        c.tx_order += 1;
+        s.order = c.tx_order;
         repr.kind = s.kind;
         repr.seq = seq;
         repr.emit(&s.payload, s.sum, out);
@@ -1045,11 +1260,22 @@ fn transmit_one<A: Copy>(
         if c.rto_at.is_none() {
             c.rto_at = Some(now + c.rto);
         }
+        arm_probe(c, now);
         return Some(c.peer);
     }
     // New data, within the peer's credit and our own window.
-    let can_send = before(c.snd_nxt, c.snd_limit) && (c.inflight.len() as u32) < window;
-    if can_send && (!c.unsent_lens.is_empty() || (c.closing && !c.fin_sent)) {
+    let pipe = c.inflight.len() as u32 - c.sacked;
+    let can_send = before(c.snd_nxt, c.snd_limit)
+        && (c.inflight.len() as u32) < window
+        && pipe < cfg.max_in_flight.max(1);
+    let has_data = !c.unsent_lens.is_empty() || (c.closing && !c.fin_sent);
+    if has_data && !can_send && c.blocked_since.is_none() {
+        c.blocked_since = Some(now);
+    }
+    if can_send && has_data {
+        if let Some(since) = c.blocked_since.take() {
+            stats.blocked_micros += now.saturating_duration_since(since).as_micros() as u64;
+        }
         let (kind, payload) = if let Some(&first) = c.unsent_lens.front() {
             let max = cfg.max_message();
             let mut take = first as usize;
@@ -1070,11 +1296,13 @@ fn transmit_one<A: Copy>(
         repr.kind = kind;
         repr.seq = c.snd_nxt;
         repr.emit(&payload, sum, out);
+        c.tx_order += 1;
         c.inflight.push_back(Sent {
             kind,
             payload,
             sum,
             sent_at: now,
+            order: c.tx_order,
             retransmitted: false,
             sacked: false,
             queued: false,
@@ -1086,6 +1314,7 @@ fn transmit_one<A: Copy>(
         if c.rto_at.is_none() {
             c.rto_at = Some(now + c.rto);
         }
+        arm_probe(c, now);
         return Some(c.peer);
     }
     if c.keepalive_pending {
@@ -1099,6 +1328,7 @@ fn transmit_one<A: Copy>(
     if c.ack_due {
         c.ack_due = false;
         c.advertised = repr.window;
+        stats.acks_sent += 1;
         repr.emit_empty(out);
         return Some(c.peer);
     }

@@ -334,6 +334,11 @@ impl<A: Addr> LtlLink<A> {
         self.shared.lock().endpoint.peer(self.id)
     }
 
+    /// The smoothed round-trip time and the retransmission timeout.
+    pub fn timing(&self) -> Option<(Option<std::time::Duration>, std::time::Duration)> {
+        self.shared.lock().endpoint.timing(self.id)
+    }
+
     /// Refills the receive queue; `Ready(Ok(false))` at the end.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, LinkError>> {
         if !self.rx.is_empty() {

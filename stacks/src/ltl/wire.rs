@@ -62,9 +62,15 @@ pub mod field {
 pub const HEADER_LEN: usize = 32;
 /// The protocol version this code speaks.
 pub const VERSION: u8 = 1;
-/// Bytes of the selective-acknowledgement bitmap a NACK carries: frames
-/// `ack + 1 ..= ack + 256`.
+/// A NACK's selective-acknowledgement bitmap comes in blocks of this many
+/// bytes: bit `i` (most significant first) says frame `ack + 1 + i`
+/// arrived, and a NACK carries as many blocks as it needs, 1 to
+/// [`MAX_SACK_BLOCKS`].
 pub const SACK_LEN: usize = 32;
+/// Most bitmap blocks in a NACK: it reports frames up to `ack + 2048`.
+pub const MAX_SACK_BLOCKS: usize = 8;
+/// Longest NACK bitmap in bytes.
+pub const MAX_SACK_BYTES: usize = SACK_LEN * MAX_SACK_BLOCKS;
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -173,7 +179,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
         }
         let ok = match kind {
             Kind::Data => length > 0,
-            Kind::Nack => length == SACK_LEN,
+            Kind::Nack => length > 0 && length % SACK_LEN == 0 && length <= MAX_SACK_BYTES,
             _ => length == 0,
         };
         if !ok {
@@ -333,6 +339,21 @@ mod tests {
     }
 
     #[test]
+    fn a_nack_carries_one_to_eight_bitmap_blocks() {
+        for blocks in 0..=MAX_SACK_BLOCKS + 1 {
+            let bitmap = vec![0x5au8; blocks * SACK_LEN];
+            let mut out = BytesMut::new();
+            repr(Kind::Nack).emit(&bitmap, payload_checksum(&bitmap), &mut out);
+            let ok = Frame::new_checked(&out[..]).is_ok();
+            assert_eq!(
+                ok,
+                (1..=MAX_SACK_BLOCKS).contains(&blocks),
+                "{blocks} blocks"
+            );
+        }
+    }
+
+    #[test]
     fn length_rules_are_checked() {
         let mut out = BytesMut::new();
         repr(Kind::Ack).emit_empty(&mut out);
@@ -347,6 +368,16 @@ mod tests {
             Frame::new_checked(&longer[..]).unwrap_err(),
             FrameError::Trailing(2)
         );
+        let mut odd_nack = BytesMut::new();
+        let bitmap = [0xffu8; SACK_LEN + 1];
+        repr(Kind::Nack).emit(&bitmap, payload_checksum(&bitmap), &mut odd_nack);
+        assert!(matches!(
+            Frame::new_checked(&odd_nack[..]),
+            Err(FrameError::Payload {
+                kind: Kind::Nack,
+                ..
+            })
+        ));
         let mut empty_data = BytesMut::new();
         repr(Kind::Data).emit_empty(&mut empty_data);
         assert!(matches!(
