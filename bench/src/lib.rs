@@ -14,6 +14,10 @@
 //! - [`peer`]: real tools (iperf3, …) on the same workload in the same run,
 //!   alternating with ours, and the ratio.
 //! - [`plot`]: charts of a run as SVG or PNG.
+//! - [`fabric`]: the overlay engine's throughput (DUA Table 2) and the
+//!   latency it adds (DUA Fig. 11(a)).
+//! - [`share`]: three applications sharing a shaped interface as the
+//!   policy changes (DUA Fig. 11(b)).
 //!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
@@ -24,6 +28,7 @@ pub mod args;
 pub mod clock;
 pub mod engine;
 mod error;
+pub mod fabric;
 pub mod gen;
 pub mod hist;
 pub mod pacer;
@@ -31,6 +36,7 @@ pub mod peer;
 pub mod plot;
 pub mod report;
 pub mod rtt;
+pub mod share;
 pub mod sizes;
 pub mod stacks;
 pub mod stamp;

@@ -53,6 +53,57 @@ enum Command {
     Rtt(RttArgs),
     /// Run a real peer tool and uniplane on the same workload, alternating.
     Peer(PeerArgs),
+    /// The overlay engine's throughput on one core (DUA Table 2).
+    Fabric(FabricArgs),
+    /// The latency the overlay adds to a path (DUA Fig. 11(a)).
+    Overhead(OverheadArgs),
+    /// Three applications share a shaped interface; fair, then weighted (DUA Fig. 11(b)).
+    Share(ShareArgs),
+}
+
+#[derive(Args)]
+struct FabricArgs {
+    /// Sending ports.
+    #[arg(long, default_value_t = 4)]
+    ports: usize,
+    /// all-to-one or uniform.
+    #[arg(long, default_value = "all-to-one")]
+    pattern: String,
+    /// Payload bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64")]
+    size: usize,
+    /// Seconds.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+#[derive(Args)]
+struct OverheadArgs {
+    /// Payload bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64")]
+    size: usize,
+    /// Round trips with and without the overlay (each).
+    #[arg(long, default_value_t = 100_000)]
+    count: u64,
+}
+
+#[derive(Args)]
+struct ShareArgs {
+    /// Weights of apps 1:2:3 after the policy change.
+    #[arg(long, default_value = "1:1:2")]
+    weights: String,
+    /// Length of each of the four phases.
+    #[arg(long, default_value_t = 250)]
+    phase_ms: u64,
+    /// Shaped interface rate, Gbit/s.
+    #[arg(long, default_value_t = 8.0)]
+    gbps: f64,
+    /// Sampling interval.
+    #[arg(long, default_value_t = 10)]
+    interval_ms: u64,
+    /// Draw the figure (throughput of each app over time): .svg or .png.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -723,12 +774,97 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("peer", params, results))
 }
 
+fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
+    use uniplane_bench::fabric::{run_fabric, Matrix};
+    let matrix = match a.pattern.as_str() {
+        "all-to-one" => Matrix::AllToOne,
+        "uniform" => Matrix::Uniform,
+        other => {
+            return Err(BenchError::Config(format!(
+                "--pattern `{other}`: all-to-one or uniform"
+            )))
+        }
+    };
+    let results = run_fabric(a.ports, matrix, a.size, a.seconds)?;
+    println!(
+        "fabric {} {}×{} B: {:.2} M msgs/s on the engine core ({:.2} GB/s), end to end {:.2} M msgs/s; bare SPSC ring {:.2} M msgs/s; memcpy {:.1} GB/s; latency p50 {} ns p99 {} ns",
+        a.pattern,
+        a.ports,
+        a.size,
+        results["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+        results["gbytes_per_sec"].as_f64().unwrap_or(0.0),
+        results["e2e_msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+        results["reference_msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+        results["memcpy_gbytes_per_sec"].as_f64().unwrap_or(0.0),
+        results["latency_ns"]["p50"],
+        results["latency_ns"]["p99"],
+    );
+    let params =
+        json!({ "ports": a.ports, "pattern": a.pattern, "size": a.size, "seconds": a.seconds });
+    emit(cli.json, &Report::new("fabric", params, results))
+}
+
+fn overhead(cli: &Cli, a: &OverheadArgs) -> Result<(), BenchError> {
+    let results = uniplane_bench::fabric::run_overhead(a.size, a.count)?;
+    println!(
+        "overhead {} B: the overlay adds p50 {:.0} ns, p99 {:.0} ns per traversal (round trips: without p50 {} ns, with p50 {} ns)",
+        a.size,
+        results["added_ns"]["p50"].as_f64().unwrap_or(0.0),
+        results["added_ns"]["p99"].as_f64().unwrap_or(0.0),
+        results["rtt_without_ns"]["p50"],
+        results["rtt_with_ns"]["p50"],
+    );
+    let params = json!({ "size": a.size, "count": a.count });
+    emit(cli.json, &Report::new("overhead", params, results))
+}
+
+fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
+    use uniplane_bench::share::{run_share, ShareOptions};
+    let weights: Result<Vec<u32>, _> = a.weights.split(':').map(str::parse).collect();
+    let weights = weights
+        .map_err(|_| BenchError::Config(format!("--weights `{}`: like 1:1:2", a.weights)))?;
+    let opts = ShareOptions {
+        weights,
+        phase_ms: a.phase_ms,
+        rate_bps: (a.gbps * 1e9) as u64,
+        interval_ms: a.interval_ms,
+    };
+    let r = run_share(&opts)?;
+    if let Some(path) = &a.plot {
+        uniplane_bench::share::plot(path, &r.series)?;
+        println!("  plot: {}", path.display());
+    }
+    for p in r.results["phases"].as_array().into_iter().flatten() {
+        println!(
+            "phase {}: target {} achieved {} error {:.3} utilization {:.3} settled after {} ms",
+            p["phase"],
+            p["target"],
+            p["achieved"],
+            p["share_error"].as_f64().unwrap_or(0.0),
+            p["utilization"].as_f64().unwrap_or(0.0),
+            p["settle_ms"],
+        );
+    }
+    println!(
+        "max_share_error {:.3}, jain_min {:.3}, utilization_min {:.3}, settle_ms_max {}",
+        r.results["max_share_error"].as_f64().unwrap_or(0.0),
+        r.results["jain_min"].as_f64().unwrap_or(0.0),
+        r.results["utilization_min"].as_f64().unwrap_or(0.0),
+        r.results["settle_ms_max"],
+    );
+    let params = json!({ "weights": a.weights, "phase_ms": a.phase_ms, "gbps": a.gbps, "interval_ms": a.interval_ms });
+    emit(cli.json, &Report::new("share", params, r.results))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Gen(a) => gen(&cli, a),
         Command::Rtt(a) => rtt(&cli, a),
         Command::Peer(a) => peer(&cli, a),
+        Command::Fabric(a) => fabric(&cli, a),
+        Command::Overhead(a) => overhead(&cli, a),
+        Command::Share(a) => share(&cli, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -49,6 +49,15 @@ pub enum Chart<'a> {
     },
     /// Per size: (payload bytes, Mpps, Mbit/s at L2).
     SizeSweep(&'a [(f64, f64, f64)]),
+    /// Several named lines over time: (seconds, value) each.
+    Lines {
+        /// The chart's title.
+        title: &'a str,
+        /// The value axis label.
+        y_label: &'a str,
+        /// The lines.
+        lines: &'a [(&'a str, Vec<(f64, f64)>)],
+    },
 }
 
 const FONT: &str = "sans-serif";
@@ -173,6 +182,47 @@ fn render<DB: DrawingBackend>(
                 &RED,
             ))
             .map_err(e)?;
+        }
+        Chart::Lines {
+            title,
+            y_label,
+            lines,
+        } => {
+            let all = || lines.iter().flat_map(|(_, v)| v.iter());
+            if all().next().is_none() {
+                return Err("no samples".into());
+            }
+            let x_max = all().map(|p| p.0).fold(1e-9, f64::max);
+            let y_max = all().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
+            let mut c = ChartBuilder::on(root)
+                .caption(title, (FONT, 22))
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc("seconds")
+                .y_desc(y_label)
+                .draw()
+                .map_err(e)?;
+            for (i, (name, points)) in lines.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                c.draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            }
+            c.configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
         }
         Chart::SizeSweep(points) => {
             if points.is_empty() {
