@@ -38,7 +38,9 @@ use uniplane_dataplane::Stack;
 pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp", "shm"];
 /// Names of the stacks this build provides.
 #[cfg(feature = "dpdk")]
-pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp", "shm", "dpdk"];
+pub const STACK_NAMES: &[&str] = &[
+    "mem", "udp", "tcp", "ltl", "ether", "smoltcp", "shm", "dpdk",
+];
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
