@@ -249,6 +249,10 @@ struct RttArgs {
 enum Tool {
     /// iperf3 UDP at full speed (-u -b 0): delivered datagrams per second.
     Iperf3,
+    /// iperf3 TCP: payload Gbit/s received (use with --stack tcp).
+    Iperf3Tcp,
+    /// sockperf ping-pong over UDP: median round trip (use with --stack udp-unpacked or udp).
+    Sockperf,
 }
 
 #[derive(Args)]
@@ -648,6 +652,15 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
                 tool.transport()
             ),
         ),
+        "tcp" if tool.metric() == peer::Metric::Gbps => (
+            true,
+            format!(
+                "both sides stream {{}}-byte writes over kernel TCP on 127.0.0.1 ({}); ours frames each \
+                 payload as an overlay message ({HEADER_LEN}-byte header) and coalesces writes",
+                tool.transport()
+            )
+            .replace("{}", "the same"),
+        ),
         "udp" => (
             false,
             "ours packs many messages into each UDP datagram while the peer sends one payload per \
@@ -668,6 +681,8 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
 fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     let tool: Box<dyn Peer> = match a.tool {
         Tool::Iperf3 => Box::new(Iperf3Udp::default()),
+        Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
+        Tool::Sockperf => Box::new(peer::Sockperf::default()),
     };
     let w = Workload {
         size: a.size,
@@ -704,6 +719,20 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
                            "latency_ns": r.latency.percentiles()}),
                 ))
             }
+            peer::Metric::Gbps => {
+                let cfg = GenConfig {
+                    sizes: SizeMix::fixed(w.size),
+                    stop: Stop::Seconds(w.seconds as f64),
+                    warmup: Duration::ZERO,
+                    ..GenConfig::default()
+                };
+                let r = run_gen(stack, &at, &cfg, &mut Live::new("ours".into(), true))?;
+                let gbps = r.pps() * w.size as f64 * 8.0 / 1e9;
+                Ok((
+                    gbps,
+                    json!({"gbps": gbps, "pps": r.pps(), "sent": r.sent, "received": r.received}),
+                ))
+            }
             peer::Metric::RttP50Ns => {
                 let cfg = RttConfig {
                     size: w.size,
@@ -720,6 +749,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     let unit = |v: f64| match metric {
         peer::Metric::Pps => format!("{:.3} Mpps", v / 1e6),
         peer::Metric::RttP50Ns => ns(v),
+        peer::Metric::Gbps => format!("{v:.2} Gbit/s"),
     };
     let c = peer::compare(&*tool, &w, a.rounds, &mut ours, |r: &Round| {
         if !quiet {

@@ -89,6 +89,8 @@ pub enum Metric {
     Pps,
     /// Median round-trip time in ns.
     RttP50Ns,
+    /// Payload gigabits per second delivered.
+    Gbps,
 }
 
 impl Metric {
@@ -97,12 +99,13 @@ impl Metric {
         match self {
             Metric::Pps => "pps",
             Metric::RttP50Ns => "rtt_p50_ns",
+            Metric::Gbps => "gbps",
         }
     }
 
     /// Whether a larger figure is better.
     pub fn higher_is_better(&self) -> bool {
-        matches!(self, Metric::Pps)
+        matches!(self, Metric::Pps | Metric::Gbps)
     }
 }
 
@@ -719,5 +722,265 @@ mod tests {
             package: p.package(),
         };
         assert!(e.to_string().contains("Debian package `iperf3`"));
+    }
+}
+
+/// sockperf ping-pong over UDP on 127.0.0.1 (`sockperf server` and
+/// `sockperf ping-pong -m SIZE -t SECONDS`). sockperf reports one-way
+/// latency as half the round trip; the figure here is the round trip
+/// (twice its median), to compare with ours.
+#[derive(Clone, Debug, Default)]
+pub struct Sockperf {
+    /// The executable; `None` looks up `sockperf` on `PATH`.
+    pub binary: Option<PathBuf>,
+}
+
+/// The median one-way latency in µs from sockperf's summary lines
+/// (`---> percentile 50.000 =    2.048`).
+pub fn parse_sockperf_p50_us(out: &str) -> Result<f64, PeerError> {
+    out.lines()
+        .find_map(|l| {
+            let rest = l.split("percentile 50.000").nth(1)?;
+            rest.trim_start()
+                .strip_prefix('=')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .ok_or(PeerError::BadOutput {
+            tool: "sockperf",
+            why: "no `percentile 50.000 = …` line".into(),
+        })
+}
+
+impl Peer for Sockperf {
+    fn tool(&self) -> &'static str {
+        "sockperf"
+    }
+
+    fn package(&self) -> &'static str {
+        "sockperf"
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::RttP50Ns
+    }
+
+    fn transport(&self) -> &'static str {
+        "kernel UDP on 127.0.0.1, ping-pong, sockperf's busy receive"
+    }
+
+    fn commands(&self, w: &Workload) -> Vec<String> {
+        vec![
+            "sockperf server -i 127.0.0.1 -p PORT".into(),
+            format!(
+                "sockperf ping-pong -i 127.0.0.1 -p PORT -m {} -t {}",
+                w.size,
+                w.seconds.max(1)
+            ),
+        ]
+    }
+
+    fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
+        let bin = self
+            .binary
+            .clone()
+            .or_else(|| find_tool("sockperf"))
+            .ok_or(PeerError::Missing {
+                tool: "sockperf",
+                package: "sockperf",
+            })?;
+        let port = crate::stacks::free_tcp_port()
+            .map_err(|e| PeerError::BadOutput {
+                tool: "sockperf",
+                why: format!("no free port: {e}"),
+            })?
+            .port()
+            .to_string();
+        let mut server = ProcessGroup::spawn(
+            "sockperf",
+            Command::new(&bin).args(["server", "-i", "127.0.0.1", "-p", &port]),
+        )?;
+        let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
+            tool: "sockperf",
+            why: "server stdout not captured".into(),
+        })?;
+        if !wait_for_line(stdout, "Warmup stage", READY_WITHIN) {
+            server.kill();
+            return Err(PeerError::Timeout {
+                tool: "sockperf",
+                what: "start its server",
+                secs: READY_WITHIN.as_secs_f64(),
+            });
+        }
+        let secs = w.seconds.max(1).to_string();
+        let size = w.size.to_string();
+        let client = ProcessGroup::spawn(
+            "sockperf",
+            Command::new(&bin).args([
+                "ping-pong",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-m",
+                &size,
+                "-t",
+                &secs,
+            ]),
+        )?;
+        let limit = Duration::from_secs(w.seconds) + SLACK;
+        let (status, out, err) = client.wait_output(limit, "finish its test")?;
+        drop(server);
+        if !status.success() {
+            return Err(PeerError::Failed {
+                tool: "sockperf",
+                status: status.to_string(),
+                stderr: tail(&err, 400),
+            });
+        }
+        let one_way_us = parse_sockperf_p50_us(&out).or_else(|_| parse_sockperf_p50_us(&err))?;
+        Ok(PeerFigure {
+            value: one_way_us * 2.0 * 1000.0,
+            detail: serde_json::json!({ "one_way_p50_us": one_way_us, "rtt_p50_ns": one_way_us * 2000.0 }),
+        })
+    }
+}
+
+/// iperf3 over TCP on 127.0.0.1 (`-l SIZE -t SECONDS`): payload Gbit/s
+/// the receiver got.
+#[derive(Clone, Debug, Default)]
+pub struct Iperf3Tcp {
+    /// The executable; `None` looks up `iperf3` on `PATH`.
+    pub binary: Option<PathBuf>,
+}
+
+/// Gbit/s received from iperf3's TCP `--json` output (`end.sum_received`).
+pub fn parse_iperf3_tcp_gbps(json: &str) -> Result<f64, PeerError> {
+    let bad = |why: &str| PeerError::BadOutput {
+        tool: "iperf3",
+        why: why.to_owned(),
+    };
+    let v: Value = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        return Err(bad(e));
+    }
+    v.pointer("/end/sum_received/bits_per_second")
+        .and_then(Value::as_f64)
+        .map(|b| b / 1e9)
+        .ok_or_else(|| bad("no end.sum_received.bits_per_second"))
+}
+
+impl Peer for Iperf3Tcp {
+    fn tool(&self) -> &'static str {
+        "iperf3"
+    }
+
+    fn package(&self) -> &'static str {
+        "iperf3"
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Gbps
+    }
+
+    fn transport(&self) -> &'static str {
+        "kernel TCP on 127.0.0.1"
+    }
+
+    fn commands(&self, w: &Workload) -> Vec<String> {
+        vec![
+            "iperf3 -s -1 -B 127.0.0.1 -p PORT".into(),
+            format!(
+                "iperf3 -c 127.0.0.1 -p PORT -l {} -t {} --json",
+                w.size,
+                w.seconds.max(1)
+            ),
+        ]
+    }
+
+    fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
+        let bin =
+            self.binary
+                .clone()
+                .or_else(|| find_tool("iperf3"))
+                .ok_or(PeerError::Missing {
+                    tool: "iperf3",
+                    package: "iperf3",
+                })?;
+        let port = crate::stacks::free_tcp_port()
+            .map_err(|e| PeerError::BadOutput {
+                tool: "iperf3",
+                why: format!("no free port: {e}"),
+            })?
+            .port()
+            .to_string();
+        let mut server = ProcessGroup::spawn(
+            "iperf3",
+            Command::new(&bin).args(["-s", "-1", "-B", "127.0.0.1", "-p", &port, "--forceflush"]),
+        )?;
+        let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
+            tool: "iperf3",
+            why: "server stdout not captured".into(),
+        })?;
+        if !wait_for_line(stdout, "Server listening", READY_WITHIN) {
+            server.kill();
+            return Err(PeerError::Timeout {
+                tool: "iperf3",
+                what: "start listening",
+                secs: READY_WITHIN.as_secs_f64(),
+            });
+        }
+        let (secs, len) = (w.seconds.max(1).to_string(), w.size.to_string());
+        let client = ProcessGroup::spawn(
+            "iperf3",
+            Command::new(&bin).args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-l",
+                &len,
+                "-t",
+                &secs,
+                "--json",
+            ]),
+        )?;
+        let limit = Duration::from_secs(w.seconds) + SLACK;
+        let (status, out, err) = client.wait_output(limit, "finish its test")?;
+        drop(server);
+        if !status.success() {
+            return Err(PeerError::Failed {
+                tool: "iperf3",
+                status: status.to_string(),
+                stderr: tail(&err, 400),
+            });
+        }
+        let gbps = parse_iperf3_tcp_gbps(&out)?;
+        Ok(PeerFigure {
+            value: gbps,
+            detail: serde_json::json!({ "gbps": gbps }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod more_peer_tests {
+    use super::*;
+
+    #[test]
+    fn sockperf_median_comes_from_its_percentile_line() {
+        let out = "sockperf: ---> percentile 90.000 =    2.192\nsockperf: ---> percentile 50.000 =    2.048\n";
+        assert_eq!(parse_sockperf_p50_us(out).unwrap(), 2.048);
+        assert!(parse_sockperf_p50_us("sockperf: nothing here").is_err());
+        assert!(parse_sockperf_p50_us("percentile 50.000 = x").is_err());
+    }
+
+    #[test]
+    fn iperf3_tcp_json_gives_received_gbps() {
+        let json = r#"{"end":{"sum_sent":{"bits_per_second":2.2e10},"sum_received":{"bits_per_second":2.1e10}}}"#;
+        assert_eq!(parse_iperf3_tcp_gbps(json).unwrap(), 21.0);
+        assert!(parse_iperf3_tcp_gbps(r#"{"error":"busy"}"#).is_err());
+        assert!(parse_iperf3_tcp_gbps("{}").is_err());
     }
 }
