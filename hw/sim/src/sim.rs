@@ -269,6 +269,13 @@ impl Sim {
     }
 }
 
+// SAFETY: a `Sim` owns its model and its Verilator context exclusively and
+// every call goes through `&mut self` or `&self` on one thread at a time;
+// Verilator models built without --threads may be moved between threads
+// (tests/registers.rs runs one on a thread other than its creator's). It
+// is not `Sync`.
+unsafe impl Send for Sim {}
+
 impl Drop for Sim {
     fn drop(&mut self) {
         unsafe { (self.fns.free)(self.ptr) };

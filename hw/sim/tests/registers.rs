@@ -109,3 +109,15 @@ fn connections_translations_and_policies_are_checked_like_the_engines() {
     );
     assert_eq!(dev.read(base + 0x2000 + regs::port::POLICY).unwrap(), 1);
 }
+
+#[test]
+fn a_device_can_be_handed_to_another_thread_as_a_daemon_would() {
+    let mut dev = RtlDevice::new(Model::N4);
+    dev.add_route(0, Route::exact(uid(1), 1)).unwrap();
+    let handle = std::thread::spawn(move || {
+        dev.add_route(0, Route::exact(uid(2), 2)).unwrap();
+        let base = dev.block_base(regs::kind::PORT, 0).unwrap() + regs::port::ROUTE;
+        dev.read(base + 16).unwrap()
+    });
+    assert_eq!(handle.join().unwrap(), uid(2).to_u64() as u32);
+}
