@@ -1,5 +1,6 @@
 //! uniplane's shared-memory stack: transports between processes of one
-//! server, over memory they share.
+//! server, over memory they share, and the software form of PCIe
+//! peer-to-peer between devices.
 //!
 //! - [`ShmLink`] / [`ShmListener`]: a [`Link`](uniplane_dataplane::Link)
 //!   between two processes: two single-producer single-consumer byte rings
@@ -8,15 +9,33 @@
 //!   daemon gives each application its data path through it.
 //! - [`ShmStack`]: the same as a [`Stack`](uniplane_dataplane::Stack)
 //!   named `shm`, whose locators are Unix socket paths.
-//! - [`ring`]: the shared ring itself, checked against a buggy or hostile
-//!   peer; [`sys`]: memfd, mmap, eventfd, `SCM_RIGHTS` and futex, where the
-//!   crate's `unsafe` lives.
+//! - [`device`]: an emulated PCIe device — register window, read and write
+//!   descriptor rings, completion words, device memory — in one region.
+//! - [`dma`]: the DMA engine that plays the device (Avalon-MM style:
+//!   last-pointer doorbells, done bits, out-of-order completion, a PCIe
+//!   link model) and its driver.
+//! - [`p2p`]: transfers between two devices in the `staged`,
+//!   `staged-pipelined`, `push` and `pull` modes; PIO or DMA by size.
+//! - [`hybrid`]: one ordered message stream between two devices, small
+//!   messages through the mailbox and large ones through the DMA ring.
+//! - [`connect`]: FPGA Connect's SEND/RECV through one receive window per
+//!   device with token flow control.
+//! - [`mailbox`]: the programmed-I/O mailbox: cache-line slots, busy-poll
+//!   or spin-then-park.
+//! - [`memory`]: one-sided WRTE/READ to a memory window by UID, bounds
+//!   checked.
+//! - [`ring`]: the shared byte ring, checked against a buggy or hostile
+//!   peer; [`sys`]: memfd, mmap, eventfd, `SCM_RIGHTS` and futex — all of
+//!   the crate's `unsafe`, behind bounds-checked accessors.
+//!
+//! `docs/shm.md` has the diagrams, the design and the measurements.
 
 #![deny(missing_docs)]
 
 pub mod connect;
 pub mod device;
 pub mod dma;
+pub mod hybrid;
 mod link;
 pub mod mailbox;
 pub mod memory;
