@@ -17,7 +17,8 @@ int up_errno(void);
 uint16_t up_rx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
 /* rte_eth_tx_burst. */
 uint16_t up_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
-/* rte_pktmbuf_alloc_bulk, then each mbuf's data pointer into data[]. */
+/* Mbufs for transmission (a lighter rte_pktmbuf_alloc_bulk), and each
+ * one's data pointer into data[]. */
 int up_alloc_bulk(struct rte_mempool *pool, struct rte_mbuf **pkts, unsigned n, uint8_t **data);
 /* rte_pktmbuf_free_bulk. */
 void up_free_bulk(struct rte_mbuf **pkts, unsigned n);
@@ -26,7 +27,12 @@ void up_free_bulk(struct rte_mbuf **pkts, unsigned n);
 void up_rx_frames(struct rte_mbuf **pkts, uint16_t n, uint8_t **data, uint16_t *len);
 /* Sets data_len and pkt_len of each mbuf before transmission. */
 void up_tx_lengths(struct rte_mbuf **pkts, uint16_t n, const uint16_t *len);
+/* Where pkt_len (32 bits) and data_len (16 bits) lie in an mbuf, so Rust
+ * sets them as it writes a frame, with no call. */
+void up_len_offsets(size_t *pkt_len, size_t *data_len);
 /* Bytes an mbuf of the pool holds after its headroom. */
 uint16_t up_data_room(struct rte_mempool *pool);
+/* The calling thread's lcore id (LCORE_ID_ANY outside EAL threads). */
+unsigned up_lcore_id(void);
 
 #endif

@@ -12,7 +12,7 @@ use crate::eal::{errno, error, Eal};
 use crate::sys;
 
 /// Frames per burst.
-const BURST: usize = 64;
+const BURST: usize = 32;
 
 /// How a port is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,15 +128,24 @@ pub struct DpdkTx {
     spare_at: usize,
     /// Written, waiting to be sent: `queued[sent..count]`.
     queued: [*mut sys::rte_mbuf; BURST],
-    lens: [u16; BURST],
     count: usize,
     sent: usize,
     capacity: usize,
+    /// Offsets of `pkt_len` and `data_len` in an mbuf.
+    len_at: (usize, usize),
     stats: FrameStats,
 }
 
 // SAFETY: as for `DpdkRx`.
 unsafe impl Send for DpdkTx {}
+
+/// Offsets of `pkt_len` and `data_len` in `struct rte_mbuf`.
+fn len_offsets() -> (usize, usize) {
+    let (mut p, mut d) = (0usize, 0usize);
+    // SAFETY: two out-pointers.
+    unsafe { sys::up_len_offsets(&mut p, &mut d) };
+    (p, d)
+}
 
 impl DpdkTx {
     fn compact(&mut self) {
@@ -144,7 +153,6 @@ impl DpdkTx {
             return;
         }
         self.queued.copy_within(self.sent..self.count, 0);
-        self.lens.copy_within(self.sent..self.count, 0);
         self.count -= self.sent;
         self.sent = 0;
     }
@@ -178,19 +186,71 @@ impl TxQueue for DpdkTx {
         true
     }
 
+    #[inline]
     fn push<R>(&mut self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        if len > self.capacity || !self.has_room() {
+        if len > self.capacity {
             return None;
         }
-        let i = self.spare_at;
-        self.spare_at += 1;
-        // SAFETY: a freshly allocated mbuf whose data room holds `capacity`.
-        let slot = unsafe { std::slice::from_raw_parts_mut(self.spare_data[i], len) };
-        let r = f(slot);
-        self.queued[self.count] = self.spare[i];
-        self.lens[self.count] = len as u16;
-        self.count += 1;
-        Some(r)
+        // The slow path (compacting, allocating a burst) only at the edges.
+        if (self.sent > 0 || self.count >= BURST || self.spare_at >= BURST) && !self.has_room() {
+            return None;
+        }
+        let (i, c) = (self.spare_at, self.count);
+        let (m, data) = (self.spare[i], self.spare_data[i]);
+        // Bookkeeping first: the writes below go through raw pointers the
+        // compiler cannot tell apart from `self`.
+        self.spare_at = i + 1;
+        self.queued[c] = m;
+        self.count = c + 1;
+        let (pkt_len, data_len) = self.len_at;
+        // SAFETY: a freshly allocated mbuf, ours until sent: its data room
+        // holds `capacity` bytes, and the offsets come from the C layout of
+        // its `pkt_len` (u32) and `data_len` (u16) fields.
+        unsafe {
+            let base = m.cast::<u8>();
+            base.add(pkt_len).cast::<u32>().write_unaligned(len as u32);
+            base.add(data_len).cast::<u16>().write_unaligned(len as u16);
+            Some(f(std::slice::from_raw_parts_mut(data, len)))
+        }
+    }
+
+    fn push_burst(&mut self, max: usize, mut f: impl FnMut(usize, &mut [u8]) -> usize) -> usize {
+        let mut n = 0;
+        let (pkt_len, data_len) = self.len_at;
+        let cap = self.capacity;
+        while n < max && self.has_room() {
+            // Slots allocated and queue room, walked with locals.
+            let (mut i, mut c) = (self.spare_at, self.count);
+            let end = i.saturating_add(max - n).min(BURST).min(i + (BURST - c));
+            let mut stop = false;
+            while i < end {
+                let (m, data) = (self.spare[i], self.spare_data[i]);
+                // SAFETY: a freshly allocated mbuf, ours until sent; its data
+                // room holds `cap` bytes; the offsets are those of its
+                // `pkt_len` (u32) and `data_len` (u16).
+                let len = unsafe { f(n, std::slice::from_raw_parts_mut(data, cap)) }.min(cap);
+                if len == 0 {
+                    stop = true;
+                    break;
+                }
+                // SAFETY: as above.
+                unsafe {
+                    let base = m.cast::<u8>();
+                    base.add(pkt_len).cast::<u32>().write_unaligned(len as u32);
+                    base.add(data_len).cast::<u16>().write_unaligned(len as u16);
+                }
+                self.queued[c] = m;
+                i += 1;
+                c += 1;
+                n += 1;
+            }
+            self.spare_at = i;
+            self.count = c;
+            if stop {
+                break;
+            }
+        }
+        n
     }
 
     fn unflushed(&self) -> usize {
@@ -202,10 +262,9 @@ impl TxQueue for DpdkTx {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: the queued mbufs and their lengths, n of each.
+        // SAFETY: the queued mbufs, their lengths set at push.
         let took = unsafe {
             let m = self.queued.as_mut_ptr().add(self.sent);
-            sys::up_tx_lengths(m, n as u16, self.lens.as_ptr().add(self.sent));
             sys::up_tx_burst(self.port, 0, m, n as u16)
         } as usize;
         self.sent += took;
@@ -356,10 +415,10 @@ impl DpdkDevice {
                 spare_data: [ptr::null_mut(); BURST],
                 spare_at: BURST,
                 queued: [ptr::null_mut(); BURST],
-                lens: [0; BURST],
                 count: 0,
                 sent: 0,
                 capacity,
+                len_at: len_offsets(),
                 stats: FrameStats::default(),
             },
             port,
@@ -410,10 +469,10 @@ impl Drop for DpdkDevice {
                 spare_data: [ptr::null_mut(); BURST],
                 spare_at: BURST,
                 queued: [ptr::null_mut(); BURST],
-                lens: [0; BURST],
                 count: 0,
                 sent: 0,
                 capacity: 0,
+                len_at: (0, 0),
                 stats: FrameStats::default(),
             },
         );

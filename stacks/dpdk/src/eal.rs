@@ -69,6 +69,14 @@ impl Eal {
         &self.args
     }
 
+    /// The calling thread's lcore id; `None` outside EAL threads, which
+    /// get no per-lcore mempool cache.
+    pub fn lcore_id(&self) -> Option<u32> {
+        // SAFETY: reads a thread-local.
+        let id = unsafe { sys::up_lcore_id() };
+        (id != u32::MAX).then_some(id)
+    }
+
     /// Ports DPDK found (devices and vdevs).
     pub fn port_count(&self) -> u16 {
         // SAFETY: the EAL is initialised.

@@ -71,6 +71,14 @@ pub trait TxQueue: Send {
     /// capacity.
     fn push<R>(&mut self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R>;
 
+    /// Lends up to `max` free slots one after another, each
+    /// [`TxQueue::frame_capacity`] bytes long: `f(i, slot)` writes the
+    /// `i`-th frame and returns its length (0 stops, leaving that slot
+    /// unused). Returns how many frames were pushed. A burst-wide
+    /// [`TxQueue::push`] for generators and packers: bookkeeping once per
+    /// burst instead of once per frame.
+    fn push_burst(&mut self, max: usize, f: impl FnMut(usize, &mut [u8]) -> usize) -> usize;
+
     /// Frames pushed and not yet flushed.
     fn unflushed(&self) -> usize;
 

@@ -105,6 +105,26 @@ impl TxQueue for MemTx {
         Some(r)
     }
 
+    fn push_burst(&mut self, max: usize, mut f: impl FnMut(usize, &mut [u8]) -> usize) -> usize {
+        let mut n = 0;
+        while n < max && self.has_room() {
+            let Some(mut b) = self.spare.pop() else {
+                break;
+            };
+            b.clear();
+            b.resize(self.capacity, 0);
+            let len = f(n, &mut b).min(self.capacity);
+            if len == 0 {
+                self.spare.push(b);
+                break;
+            }
+            b.truncate(len);
+            self.pushed.push_back(b);
+            n += 1;
+        }
+        n
+    }
+
     fn unflushed(&self) -> usize {
         self.pushed.len()
     }
@@ -221,5 +241,27 @@ mod tests {
         }
         assert_eq!(a.stats().tx_frames, 12);
         assert_eq!(b.stats().rx_frames, 12);
+    }
+
+    #[test]
+    fn a_burst_push_writes_frames_of_their_own_lengths_and_stops_at_zero() {
+        let (mut a, mut b) = pair(MacAddr::local(1), MacAddr::local(2), 1500, 8).unwrap();
+        let (_, tx) = a.queues();
+        let n = tx.push_burst(10, |i, slot| {
+            assert_eq!(slot.len(), 1514);
+            slot[0] = i as u8;
+            if i == 3 {
+                0
+            } else {
+                60 + i
+            }
+        });
+        assert_eq!(n, 3);
+        assert_eq!(tx.push_burst(100, |_, _| 60), 5, "eight buffers in all");
+        tx.flush().unwrap();
+        let (rx, _) = b.queues();
+        rx.refill().unwrap();
+        let lens: Vec<usize> = std::iter::from_fn(|| rx.take(|f| f.len())).collect();
+        assert_eq!(lens, vec![60, 61, 62, 60, 60, 60, 60, 60]);
     }
 }

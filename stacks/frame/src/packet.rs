@@ -367,6 +367,32 @@ impl TxQueue for PacketTx {
         Some(r)
     }
 
+    fn push_burst(&mut self, max: usize, mut f: impl FnMut(usize, &mut [u8]) -> usize) -> usize {
+        let mut n = 0;
+        while n < max && self.has_room() {
+            let h = self.slot(self.next);
+            // SAFETY: as in `push`: an AVAILABLE slot is ours until marked.
+            let len = unsafe {
+                let data = std::slice::from_raw_parts_mut(h.add(layout::TX_DATA), self.capacity);
+                f(n, data).min(self.capacity)
+            };
+            if len == 0 {
+                break;
+            }
+            // SAFETY: header fields of the same slot.
+            unsafe {
+                (h.add(layout::NEXT_OFFSET) as *mut u32).write_volatile(0);
+                (h.add(layout::SNAPLEN) as *mut u32).write_volatile(len as u32);
+                (h.add(layout::LEN) as *mut u32).write_volatile(len as u32);
+                status(h.add(layout::STATUS)).store(TP_STATUS_SEND_REQUEST, Ordering::Release);
+            }
+            self.next = (self.next + 1) % self.slots;
+            self.unflushed += 1;
+            n += 1;
+        }
+        n
+    }
+
     fn unflushed(&self) -> usize {
         self.unflushed
     }

@@ -142,6 +142,22 @@ impl TxQueue for TapTx {
         Some(f(&mut self.slots.get(i)[..len]))
     }
 
+    fn push_burst(&mut self, max: usize, mut f: impl FnMut(usize, &mut [u8]) -> usize) -> usize {
+        let mut n = 0;
+        while n < max && self.has_room() {
+            let i = self.filled;
+            let cap = self.capacity;
+            let len = f(n, &mut self.slots.get(i)[..cap]).min(cap);
+            if len == 0 {
+                break;
+            }
+            self.slots.lens[i] = len;
+            self.filled += 1;
+            n += 1;
+        }
+        n
+    }
+
     fn unflushed(&self) -> usize {
         self.filled - self.sent
     }
