@@ -274,7 +274,8 @@ endgenerate
 localparam NK = 8;
 reg [63:0] counter_reg [0:NK-1];
 reg [31:0] hold_reg = 32'd0;
-initial for (i = 0; i < NK; i = i + 1) counter_reg[i] = 64'd0;
+integer n;
+initial for (n = 0; n < NK; n = n + 1) counter_reg[n] = 64'd0;
 
 function [63:0] popcount;
     input [M-1:0] v;

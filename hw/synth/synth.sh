@@ -4,7 +4,8 @@
 # FIFO memories -- VOQs, data FIFOs -- stay memory blocks, counted in
 # fifo_mems, as they would be SRAM or BRAM), and from `synth_xilinx` (LUT6
 # fabric, memories to LUTRAM/BRAM) the LUTs, flip-flops and RAM primitives.
-# Usage: hw/synth/synth.sh [out-dir]   (takes several minutes)
+# Usage: hw/synth/synth.sh [out-dir]   (about half an hour on one core;
+# ONLY="top_n4 ..." runs some configurations; defaults need no chparam)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 rtl="$here/../rtl"
@@ -22,8 +23,8 @@ configs=(
   "connector_n4|up_connector|N=4"
   "crossbar_n4|up_crossbar|N=4 DEPTH=32"
   "crossbar_n8|up_crossbar|N=8 DEPTH=32"
-  "underlay_m2|up_underlay|M=2"
-  "top_n4|uniplane_top|N=4"
+  "underlay_m2|up_underlay|"
+  "top_n4|uniplane_top|"
   "top_n8|uniplane_top|N=8"
 )
 
@@ -34,6 +35,8 @@ count() { # file cell-regex
 printf "%-14s %10s %10s %10s %10s %10s %10s\n" module cells dff fifo_mems luts ffs ram_prims
 for c in "${configs[@]}"; do
   IFS='|' read -r name top params <<<"$c"
+  # ONLY="name ..." limits the run to some configurations.
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   chp=""
   for p in $params; do chp+="chparam -set ${p%%=*} ${p#*=} $top; "; done
   read_src="read_verilog -I$rtl $(ls "$rtl"/*.v | tr '\n' ' '); $chp hierarchy -top $top;"
