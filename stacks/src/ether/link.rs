@@ -32,6 +32,10 @@ const FLUSH_AT: usize = 64;
 const PUMP_BURSTS: usize = 8;
 /// Receive memory set aside at a time; payloads are slices of it.
 const RX_CHUNK: usize = 1 << 20;
+/// Messages waiting for one link before further frames from its peer are
+/// dropped (the link is unreliable; a reader that stalls loses, it does
+/// not grow memory without bound).
+const RX_QUEUE_LIMIT: usize = 1 << 16;
 
 /// What the `ether` stack counted, over every link of the stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,6 +54,8 @@ pub struct EtherStats {
     /// Frames from a source with no link while nothing listens, or beyond
     /// the connection limit: dropped.
     pub unknown_peer: u64,
+    /// Frames dropped because their link's reader fell behind.
+    pub queue_full: u64,
 }
 
 /// Counters shared by the endpoints of one stack, updated per burst.
@@ -61,6 +67,7 @@ pub(crate) struct Counters {
     tx_messages: AtomicU64,
     malformed: AtomicU64,
     unknown_peer: AtomicU64,
+    queue_full: AtomicU64,
 }
 
 impl Counters {
@@ -73,6 +80,7 @@ impl Counters {
             tx_messages: g(&self.tx_messages),
             malformed: g(&self.malformed),
             unknown_peer: g(&self.unknown_peer),
+            queue_full: g(&self.queue_full),
         }
     }
 }
@@ -226,7 +234,7 @@ impl<D: FrameDevice> Endpoint<D> {
     /// Pulls bursts from the device into the peers' queues.
     fn pump(&self, g: &mut Inner<D>) -> Result<(), LinkError> {
         let mut cx = Context::from_waker(&self.fanout_waker);
-        let (mut frames, mut msgs, mut bad, mut unknown) = (0u64, 0u64, 0u64, 0u64);
+        let (mut frames, mut msgs, mut bad, mut unknown, mut full) = (0u64, 0u64, 0u64, 0u64, 0u64);
         for _ in 0..PUMP_BURSTS {
             match g.dev.poll_rx(&mut cx) {
                 Poll::Ready(Ok(_)) => {}
@@ -257,6 +265,13 @@ impl<D: FrameDevice> Endpoint<D> {
                 let known = peers.contains_key(&src);
                 if !known && (!*listening || peers.len() >= self.max_connections) {
                     unknown += 1;
+                    return;
+                }
+                if peers
+                    .get(&src)
+                    .is_some_and(|q| q.rx.len() >= RX_QUEUE_LIMIT)
+                {
+                    full += 1;
                     return;
                 }
                 let p = e.payload();
@@ -293,6 +308,9 @@ impl<D: FrameDevice> Endpoint<D> {
         }
         if unknown > 0 {
             c.unknown_peer.fetch_add(unknown, Ordering::Relaxed);
+        }
+        if full > 0 {
+            c.queue_full.fetch_add(full, Ordering::Relaxed);
         }
         Ok(())
     }
