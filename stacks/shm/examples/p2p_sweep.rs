@@ -129,6 +129,9 @@ fn main() {
         // Idle engines yield to each other; a long poll keeps the second
         // hop of the staged modes from waiting for a sleeping engine.
         engine_spin: Duration::from_millis(2),
+        // The driver polls for completions as long, so a modelled transfer
+        // is not lengthened by its wake-up.
+        driver_spin: Duration::from_millis(2),
         ..P2pConfig::default()
     };
     // The driver runs on CPU 0, both engines on CPU 1 (they yield to each

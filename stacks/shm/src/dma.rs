@@ -619,11 +619,14 @@ impl DmaEngine {
             }
             let now = Instant::now();
             if let Some(due) = self.next_due() {
+                // Sleep through long waits, but wake early: a sleep ends
+                // late on a busy machine, and a late completion distorts
+                // the modelled link. Poll (yielding) the last stretch.
                 let wait = due.saturating_duration_since(now);
-                if wait > Duration::from_micros(100) {
-                    std::thread::sleep(wait - Duration::from_micros(50));
+                if wait > Duration::from_millis(1) {
+                    std::thread::sleep(wait - Duration::from_micros(500));
                 } else {
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                 }
                 continue;
             }
