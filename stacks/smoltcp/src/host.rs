@@ -493,6 +493,10 @@ fn decode_datagram(data: &Bytes, out: &mut VecDeque<Message>) -> Result<(), ()> 
     Ok(())
 }
 
+/// Egress passes per driver turn at most (each emits up to one segment
+/// per socket).
+const EGRESS_PASSES: usize = 64;
+
 struct Driver<D: FrameDevice> {
     shared: Arc<Shared<D>>,
     timer: Pin<Box<tokio::time::Sleep>>,
@@ -515,7 +519,16 @@ impl<D: FrameDevice> Future for Driver<D> {
             let inner = &mut *g;
             let changed = {
                 let mut phy = Phy::new(inner.dev.get_mut(), &mut inner.spill);
-                let r = inner.iface.poll(now, &mut phy, &mut inner.sockets);
+                let mut r = inner.iface.poll(now, &mut phy, &mut inner.sockets);
+                // smoltcp emits at most one segment per socket per egress
+                // pass: go on while it emits, so one flush (one system
+                // call) carries a burst instead of a segment.
+                for _ in 0..EGRESS_PASSES {
+                    match inner.iface.poll_egress(now, &mut phy, &mut inner.sockets) {
+                        PollResult::SocketStateChanged => r = PollResult::SocketStateChanged,
+                        PollResult::None => break,
+                    }
+                }
                 inner.stats.tx_dropped += phy.dropped;
                 r
             };
