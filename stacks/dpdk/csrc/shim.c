@@ -50,9 +50,10 @@ void up_tx_lengths(struct rte_mbuf **pkts, uint16_t n, const uint16_t *len) {
     }
 }
 
-void up_len_offsets(size_t *pkt_len, size_t *data_len) {
+void up_len_offsets(size_t *pkt_len, size_t *data_len, size_t *vlan_tci) {
     *pkt_len = offsetof(struct rte_mbuf, pkt_len);
     *data_len = offsetof(struct rte_mbuf, data_len);
+    *vlan_tci = offsetof(struct rte_mbuf, vlan_tci);
 }
 
 uint16_t up_data_room(struct rte_mempool *pool) {

@@ -27,9 +27,9 @@ void up_free_bulk(struct rte_mbuf **pkts, unsigned n);
 void up_rx_frames(struct rte_mbuf **pkts, uint16_t n, uint8_t **data, uint16_t *len);
 /* Sets data_len and pkt_len of each mbuf before transmission. */
 void up_tx_lengths(struct rte_mbuf **pkts, uint16_t n, const uint16_t *len);
-/* Where pkt_len (32 bits) and data_len (16 bits) lie in an mbuf, so Rust
- * sets them as it writes a frame, with no call. */
-void up_len_offsets(size_t *pkt_len, size_t *data_len);
+/* Where pkt_len (32 bits), data_len and vlan_tci (16 bits each) lie in
+ * an mbuf, so Rust sets the lengths as it writes a frame, with no call. */
+void up_len_offsets(size_t *pkt_len, size_t *data_len, size_t *vlan_tci);
 /* Bytes an mbuf of the pool holds after its headroom. */
 uint16_t up_data_room(struct rte_mempool *pool);
 /* The calling thread's lcore id (LCORE_ID_ANY outside EAL threads). */

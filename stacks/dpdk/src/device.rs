@@ -118,43 +118,121 @@ impl Drop for DpdkRx {
 }
 
 /// Transmit side: mbufs allocated in bulk, written in place, sent in
-/// bursts; what the port does not take waits for the next flush.
+/// bursts; what the port does not take waits for the next flush. One
+/// array holds them all, in three runs:
+///
+/// ```text
+///  mbufs: [ sent | written, waiting: sent..count | allocated, free: count..avail | empty ]
+/// ```
 pub struct DpdkTx {
     port: u16,
     pool: *mut sys::rte_mempool,
-    /// Allocated and not yet written: `spare[spare_at..BURST]`.
-    spare: [*mut sys::rte_mbuf; BURST],
-    spare_data: [*mut u8; BURST],
-    spare_at: usize,
-    /// Written, waiting to be sent: `queued[sent..count]`.
-    queued: [*mut sys::rte_mbuf; BURST],
-    count: usize,
+    mbufs: [*mut sys::rte_mbuf; BURST],
+    data: [*mut u8; BURST],
     sent: usize,
+    count: usize,
+    avail: usize,
     capacity: usize,
-    /// Offsets of `pkt_len` and `data_len` in an mbuf.
-    len_at: (usize, usize),
+    /// Where the lengths go in an mbuf.
+    len_at: LenOffsets,
     stats: FrameStats,
 }
 
 // SAFETY: as for `DpdkRx`.
 unsafe impl Send for DpdkTx {}
 
-/// Offsets of `pkt_len` and `data_len` in `struct rte_mbuf`.
-fn len_offsets() -> (usize, usize) {
-    let (mut p, mut d) = (0usize, 0usize);
-    // SAFETY: two out-pointers.
-    unsafe { sys::up_len_offsets(&mut p, &mut d) };
-    (p, d)
+/// Offsets of `pkt_len` (u32) and `data_len` (u16) in `struct rte_mbuf`,
+/// and whether `data_len` and `vlan_tci` (zeroed at allocation) follow
+/// `pkt_len` directly, as in DPDK 22.11: then one 8-byte store sets all
+/// three.
+#[derive(Clone, Copy, Debug)]
+struct LenOffsets {
+    pkt_len: usize,
+    data_len: usize,
+    packed: bool,
+}
+
+fn len_offsets() -> LenOffsets {
+    let (mut p, mut d, mut v) = (0usize, 0usize, 0usize);
+    // SAFETY: three out-pointers.
+    unsafe { sys::up_len_offsets(&mut p, &mut d, &mut v) };
+    LenOffsets {
+        pkt_len: p,
+        data_len: d,
+        packed: d == p + 4 && v == p + 6,
+    }
 }
 
 impl DpdkTx {
-    fn compact(&mut self) {
-        if self.sent == 0 {
-            return;
+    fn new(port: u16, pool: *mut sys::rte_mempool, capacity: usize) -> Self {
+        DpdkTx {
+            port,
+            pool,
+            mbufs: [ptr::null_mut(); BURST],
+            data: [ptr::null_mut(); BURST],
+            sent: 0,
+            count: 0,
+            avail: 0,
+            capacity,
+            len_at: len_offsets(),
+            stats: FrameStats::default(),
         }
-        self.queued.copy_within(self.sent..self.count, 0);
-        self.count -= self.sent;
-        self.sent = 0;
+    }
+
+    /// Makes free slots when every allocated one is written: moves the
+    /// waiting frames to the front and allocates up to a full burst.
+    #[cold]
+    fn refill_slots(&mut self) -> bool {
+        if self.sent > 0 {
+            self.mbufs.copy_within(self.sent..self.count, 0);
+            self.count -= self.sent;
+            self.avail = self.count;
+            self.sent = 0;
+        }
+        let want = BURST - self.avail;
+        if want == 0 {
+            return false;
+        }
+        // SAFETY: room for `want` pointers at `avail`; the pool outlives
+        // the queue.
+        let rc = unsafe {
+            sys::up_alloc_bulk(
+                self.pool,
+                self.mbufs.as_mut_ptr().add(self.avail),
+                want as u32,
+                self.data.as_mut_ptr().add(self.avail),
+            )
+        };
+        if rc != 0 {
+            return false;
+        }
+        self.avail = BURST;
+        true
+    }
+
+    /// Sets the lengths of the mbuf about to be written.
+    ///
+    /// # Safety
+    /// `m` must be an allocated mbuf of this queue.
+    #[inline]
+    unsafe fn set_len(&self, m: *mut sys::rte_mbuf, len: usize) {
+        let at = self.len_at;
+        // SAFETY: the offsets come from the C layout of the fields; packed,
+        // the 8 bytes are pkt_len, data_len and vlan_tci (which stays 0).
+        unsafe {
+            let base = m.cast::<u8>();
+            if at.packed {
+                let v = ((len as u64) | ((len as u64) << 32)).to_le();
+                base.add(at.pkt_len).cast::<u64>().write_unaligned(v);
+            } else {
+                base.add(at.pkt_len)
+                    .cast::<u32>()
+                    .write_unaligned(len as u32);
+                base.add(at.data_len)
+                    .cast::<u16>()
+                    .write_unaligned(len as u16);
+            }
+        }
     }
 }
 
@@ -164,91 +242,45 @@ impl TxQueue for DpdkTx {
     }
 
     fn has_room(&mut self) -> bool {
-        self.compact();
-        if self.count >= BURST {
-            return false;
-        }
-        if self.spare_at == BURST {
-            // SAFETY: room for BURST pointers; the pool outlives the queue.
-            let rc = unsafe {
-                sys::up_alloc_bulk(
-                    self.pool,
-                    self.spare.as_mut_ptr(),
-                    BURST as u32,
-                    self.spare_data.as_mut_ptr(),
-                )
-            };
-            if rc != 0 {
-                return false;
-            }
-            self.spare_at = 0;
-        }
-        true
+        self.count < self.avail || self.refill_slots()
     }
 
     #[inline]
     fn push<R>(&mut self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        if len > self.capacity {
+        if len > self.capacity || !self.has_room() {
             return None;
         }
-        // The slow path (compacting, allocating a burst) only at the edges.
-        if (self.sent > 0 || self.count >= BURST || self.spare_at >= BURST) && !self.has_room() {
-            return None;
-        }
-        let (i, c) = (self.spare_at, self.count);
-        let (m, data) = (self.spare[i], self.spare_data[i]);
-        // Bookkeeping first: the writes below go through raw pointers the
-        // compiler cannot tell apart from `self`.
-        self.spare_at = i + 1;
-        self.queued[c] = m;
-        self.count = c + 1;
-        let (pkt_len, data_len) = self.len_at;
-        // SAFETY: a freshly allocated mbuf, ours until sent: its data room
-        // holds `capacity` bytes, and the offsets come from the C layout of
-        // its `pkt_len` (u32) and `data_len` (u16) fields.
+        let i = self.count;
+        self.count = i + 1;
+        let (m, data) = (self.mbufs[i], self.data[i]);
+        // SAFETY: an allocated mbuf, ours until sent, whose data room holds
+        // `capacity` bytes.
         unsafe {
-            let base = m.cast::<u8>();
-            base.add(pkt_len).cast::<u32>().write_unaligned(len as u32);
-            base.add(data_len).cast::<u16>().write_unaligned(len as u16);
+            self.set_len(m, len);
             Some(f(std::slice::from_raw_parts_mut(data, len)))
         }
     }
 
     fn push_burst(&mut self, max: usize, mut f: impl FnMut(usize, &mut [u8]) -> usize) -> usize {
         let mut n = 0;
-        let (pkt_len, data_len) = self.len_at;
         let cap = self.capacity;
         while n < max && self.has_room() {
-            // Slots allocated and queue room, walked with locals.
-            let (mut i, mut c) = (self.spare_at, self.count);
-            let end = i.saturating_add(max - n).min(BURST).min(i + (BURST - c));
-            let mut stop = false;
+            let end = self.count.saturating_add(max - n).min(self.avail);
+            let mut i = self.count;
             while i < end {
-                let (m, data) = (self.spare[i], self.spare_data[i]);
-                // SAFETY: a freshly allocated mbuf, ours until sent; its data
-                // room holds `cap` bytes; the offsets are those of its
-                // `pkt_len` (u32) and `data_len` (u16).
+                let (m, data) = (self.mbufs[i], self.data[i]);
+                // SAFETY: as in `push`.
                 let len = unsafe { f(n, std::slice::from_raw_parts_mut(data, cap)) }.min(cap);
                 if len == 0 {
-                    stop = true;
-                    break;
+                    self.count = i;
+                    return n;
                 }
-                // SAFETY: as above.
-                unsafe {
-                    let base = m.cast::<u8>();
-                    base.add(pkt_len).cast::<u32>().write_unaligned(len as u32);
-                    base.add(data_len).cast::<u16>().write_unaligned(len as u16);
-                }
-                self.queued[c] = m;
+                // SAFETY: as in `push`.
+                unsafe { self.set_len(m, len) };
                 i += 1;
-                c += 1;
                 n += 1;
             }
-            self.spare_at = i;
-            self.count = c;
-            if stop {
-                break;
-            }
+            self.count = i;
         }
         n
     }
@@ -262,15 +294,20 @@ impl TxQueue for DpdkTx {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: the queued mbufs, their lengths set at push.
+        // SAFETY: the written mbufs, their lengths set as they were written.
         let took = unsafe {
-            let m = self.queued.as_mut_ptr().add(self.sent);
-            sys::up_tx_burst(self.port, 0, m, n as u16)
+            sys::up_tx_burst(
+                self.port,
+                0,
+                self.mbufs.as_mut_ptr().add(self.sent),
+                n as u16,
+            )
         } as usize;
         self.sent += took;
-        if self.sent == self.count {
+        if self.sent == self.avail {
             self.sent = 0;
             self.count = 0;
+            self.avail = 0;
         }
         if took > 0 {
             self.stats.tx_frames += took as u64;
@@ -282,20 +319,14 @@ impl TxQueue for DpdkTx {
 
 impl Drop for DpdkTx {
     fn drop(&mut self) {
-        // SAFETY: mbufs still owned here, each freed once.
-        unsafe {
-            if self.spare_at < BURST {
+        if self.avail > self.sent {
+            // SAFETY: mbufs still owned here (written or spare), each freed once.
+            unsafe {
                 sys::up_free_bulk(
-                    self.spare.as_mut_ptr().add(self.spare_at),
-                    (BURST - self.spare_at) as u32,
-                );
-            }
-            if self.count > self.sent {
-                sys::up_free_bulk(
-                    self.queued.as_mut_ptr().add(self.sent),
-                    (self.count - self.sent) as u32,
-                );
-            }
+                    self.mbufs.as_mut_ptr().add(self.sent),
+                    (self.avail - self.sent) as u32,
+                )
+            };
         }
     }
 }
@@ -408,19 +439,7 @@ impl DpdkDevice {
                 next: 0,
                 stats: FrameStats::default(),
             },
-            tx: DpdkTx {
-                port,
-                pool,
-                spare: [ptr::null_mut(); BURST],
-                spare_data: [ptr::null_mut(); BURST],
-                spare_at: BURST,
-                queued: [ptr::null_mut(); BURST],
-                count: 0,
-                sent: 0,
-                capacity,
-                len_at: len_offsets(),
-                stats: FrameStats::default(),
-            },
+            tx: DpdkTx::new(port, pool, capacity),
             port,
             pool,
             mac: MacAddr(addr.addr_bytes),
@@ -460,22 +479,7 @@ impl Drop for DpdkDevice {
         );
         drop(rx);
         let pool = self.pool;
-        let tx = std::mem::replace(
-            &mut self.tx,
-            DpdkTx {
-                port: self.port,
-                pool,
-                spare: [ptr::null_mut(); BURST],
-                spare_data: [ptr::null_mut(); BURST],
-                spare_at: BURST,
-                queued: [ptr::null_mut(); BURST],
-                count: 0,
-                sent: 0,
-                capacity: 0,
-                len_at: (0, 0),
-                stats: FrameStats::default(),
-            },
-        );
+        let tx = std::mem::replace(&mut self.tx, DpdkTx::new(self.port, pool, 0));
         drop(tx);
         // SAFETY: the port stops and closes; its queues released their
         // mbufs; then the pool is free.

@@ -64,6 +64,11 @@ fn the_eal_starts_on_vdevs_and_frames_loop_through_net_ring_and_vanish_in_net_nu
             sent += 1;
         }
         tx.flush().unwrap();
+        // Receive only now and then: the ring fills, bursts go out in part,
+        // and the frames left behind must keep their order.
+        if rounds % 64 != 0 && sent < n {
+            continue;
+        }
         rx.refill().unwrap();
         while let Some((i, len)) = rx.take(|f| {
             let e = EthernetFrame::new_checked(&*f).unwrap();
@@ -80,7 +85,6 @@ fn the_eal_starts_on_vdevs_and_frames_loop_through_net_ring_and_vanish_in_net_nu
     assert_eq!(got.len(), n as usize);
     let st = ring.stats();
     assert_eq!((st.tx_frames, st.rx_frames), (n as u64, n as u64));
-    assert!(st.tx_bursts < n as u64 / 8, "{st:?}");
     drop(ring);
 
     // net_null: takes every burst and frees the mbufs (no leak: the pool
