@@ -160,3 +160,66 @@ async fn udp_by_name_is_unreliable_and_unordered() {
         uniplane_dataplane::StackError::UnsupportedLocator { .. }
     ));
 }
+
+#[tokio::test]
+async fn busy_polling_links_carry_the_same_traffic_on_both_backends() {
+    let mut backends = vec![Backend::Epoll];
+    if uring::available() {
+        backends.push(Backend::IoUring);
+    } else {
+        assert!(!tools_required(), "io_uring is refused by this kernel");
+    }
+    for backend in backends {
+        let stack = UdpStack::with_config(UdpConfig {
+            backend,
+            busy_poll: Some(std::time::Duration::from_micros(50)),
+            ..UdpConfig::default()
+        });
+        exchange(stack, 300).await;
+    }
+}
+
+#[tokio::test]
+async fn a_busy_polling_link_idle_past_its_budget_still_wakes_for_a_datagram() {
+    let stack = UdpStack::with_config(UdpConfig {
+        busy_poll: Some(std::time::Duration::from_micros(100)),
+        ..UdpConfig::default()
+    });
+    let mut listener = stack.listen_now(&loopback()).unwrap();
+    let mut client = stack
+        .connect_now(&Locator::Socket(listener.local_addr()))
+        .unwrap();
+    client.send(msg(1, 8)).await.unwrap();
+    let mut server = within(5, listener.next()).await.unwrap().unwrap();
+    assert_eq!(server.next().await.unwrap().unwrap().header().seqnum, 1);
+    // Nothing comes for far longer than the budget: the link stops
+    // spinning and waits in epoll.
+    let idle = tokio::time::timeout(std::time::Duration::from_millis(20), server.next()).await;
+    assert!(idle.is_err(), "nothing was sent");
+    client.send(msg(2, 8)).await.unwrap();
+    let got = within(5, server.next()).await.unwrap().unwrap();
+    assert_eq!(got.header().seqnum, 2);
+}
+
+#[tokio::test]
+async fn an_io_uring_burst_larger_than_its_send_chunks_goes_out_whole() {
+    if !uring::available() {
+        assert!(!tools_required(), "io_uring is refused by this kernel");
+        return;
+    }
+    let stack = UdpStack::with_config(UdpConfig {
+        backend: Backend::IoUring,
+        pack: false,
+        ..UdpConfig::default()
+    });
+    // Nobody needs to listen: UDP sends regardless. 5000 datagrams of
+    // 1.4 kB are 7 MB, far more than the port's send chunks hold at once.
+    let listener = stack.listen_now(&loopback()).unwrap();
+    let mut link = stack
+        .connect_now(&Locator::Socket(listener.local_addr()))
+        .unwrap();
+    let mut batch: VecDeque<_> = (0..5000).map(|i| msg(i, 1400)).collect();
+    within(10, link.send_batch(&mut batch)).await.unwrap();
+    within(10, link.flush()).await.unwrap();
+    assert_eq!(stack.stats().tx_datagrams, 5000);
+}

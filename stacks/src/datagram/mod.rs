@@ -124,6 +124,17 @@ impl<A: Copy + Eq> TxBatch<A> {
         Some((dst, &self.buf[start..end]))
     }
 
+    /// The bytes of `count` unsent datagrams from the `i`-th on, back to
+    /// back as they lie in the buffer.
+    pub fn run(&self, i: usize, count: usize) -> Option<&[u8]> {
+        let at = self.sent + i;
+        let last = at.checked_add(count)?.checked_sub(1)?;
+        let &(start, _) = self.items.get(at)?;
+        self.items.get(last)?;
+        let end = self.items.get(last + 1).map_or(self.buf.len(), |&(s, _)| s);
+        Some(&self.buf[start..end])
+    }
+
     /// Marks the first `n` unsent datagrams as sent; the batch empties
     /// itself (keeping its memory) once all are.
     pub fn mark_sent(&mut self, n: usize) {
@@ -204,6 +215,8 @@ mod tests {
         assert_eq!(b.last_len(), Some(3));
         assert_eq!(b.get(0), Some((1, &b"abc"[..])));
         assert_eq!(b.get(1), Some((2, &b"def"[..])));
+        assert_eq!(b.run(0, 2), Some(&b"abcdef"[..]));
+        assert_eq!(b.run(1, 2), None);
         b.mark_sent(1);
         assert_eq!(b.get(0), Some((2, &b"def"[..])));
         assert_eq!(b.pending_bytes(), 3);

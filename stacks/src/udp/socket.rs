@@ -3,11 +3,13 @@
 //! segmentation offload (GSO) on send and generic receive offload (GRO) on
 //! receive when the kernel offers them.
 
+use std::future::Future;
 use std::io;
 use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use socket2::{SockAddr, Socket};
@@ -23,11 +25,90 @@ pub(crate) const MAX_UDP_PAYLOAD: usize = 65_507;
 /// Most segments the kernel accepts in one GSO send.
 const MAX_GSO_SEGMENTS: usize = 64;
 /// Receive slot size with GRO: a coalesced datagram can be this large.
-const GRO_SLOT: usize = 65_536;
+pub(crate) const GRO_SLOT: usize = 65_536;
 /// Receive slots per `recvmmsg` with GRO (each slot 64 KiB).
 const GRO_BATCH: usize = 8;
+/// Sends one `poll_send` tries between waits for writability.
+const MAX_SEND_TRIES: usize = 1024;
+/// Bytes the receive chunk grows by at least, so small bursts share one
+/// allocation.
+const RX_CHUNK: usize = 256 << 10;
 /// Room for one `cmsghdr` with an `int` or `u16` value, 8-byte aligned.
 type CmsgBuf = [u64; 4];
+
+/// Receive slots and the `recvmmsg` headers pointing into them, built once
+/// per port: a burst only re-arms the headers the last one used. Boxed
+/// slices, never resized, so the pointers stay valid when the port moves.
+struct RxSlots {
+    slot: usize,
+    buf: Box<[u8]>,
+    iovs: Box<[libc::iovec]>,
+    names: Box<[libc::sockaddr_storage]>,
+    cmsgs: Box<[CmsgBuf]>,
+    hdrs: Box<[libc::mmsghdr]>,
+    gro: bool,
+    /// Headers the kernel wrote in the last burst.
+    used: usize,
+}
+
+// SAFETY: the raw pointers in the headers point into memory the struct
+// owns, used only through `&mut self`.
+unsafe impl Send for RxSlots {}
+
+impl std::fmt::Debug for RxSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxSlots").field("slot", &self.slot).finish()
+    }
+}
+
+impl RxSlots {
+    fn new(slot: usize, count: usize, gro: bool) -> Box<Self> {
+        /// # Safety
+        /// All-zero must be a valid `T` (a plain C struct).
+        unsafe fn zeroed_slice<T>(count: usize) -> Box<[T]> {
+            // SAFETY: the caller's promise.
+            (0..count).map(|_| unsafe { zeroed() }).collect()
+        }
+        let mut rx = Box::new(RxSlots {
+            slot,
+            buf: vec![0u8; slot * count].into_boxed_slice(),
+            // SAFETY: plain C structs, valid all-zero.
+            iovs: unsafe { zeroed_slice(count) },
+            names: unsafe { zeroed_slice(count) },
+            cmsgs: vec![[0; 4]; count].into_boxed_slice(),
+            hdrs: unsafe { zeroed_slice(count) },
+            gro,
+            used: count,
+        });
+        let base = rx.buf.as_mut_ptr();
+        for i in 0..count {
+            // SAFETY: slot i lies inside buf.
+            rx.iovs[i].iov_base = unsafe { base.add(i * slot) }.cast();
+            rx.iovs[i].iov_len = slot;
+            let h = &mut rx.hdrs[i].msg_hdr;
+            h.msg_name = (&mut rx.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_iov = &mut rx.iovs[i];
+            h.msg_iovlen = 1;
+            if gro {
+                h.msg_control = rx.cmsgs[i].as_mut_ptr().cast();
+            }
+        }
+        rx.rearm();
+        rx
+    }
+
+    /// Restores the lengths the kernel overwrote in the last burst.
+    fn rearm(&mut self) {
+        let control = if self.gro { size_of::<CmsgBuf>() } else { 0 };
+        for h in &mut self.hdrs[..self.used] {
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = control as _;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
+        }
+        self.used = 0;
+    }
+}
 
 /// What the kernel offers, probed on the socket at run time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,6 +153,71 @@ pub(crate) fn socket_addr_from(
     }
 }
 
+/// Longest a busy-polling receive keeps a task's poll before it lets the
+/// runtime run the other tasks of its worker.
+const SPIN_SLICE: Duration = Duration::from_micros(5);
+/// Receives one spin slice makes at most (the clock ends it first).
+const SPIN_TRIES: usize = 1 << 16;
+
+/// One busy-poll turn of a receive: `recv` (a non-blocking burst) is tried
+/// over and over for up to [`SPIN_SLICE`], the thread yielding its core
+/// between tries. `Ready(Some)` is what it got; `Pending` means nothing yet
+/// and the task is already rescheduled behind the tasks ready on its
+/// worker; `Ready(None)` means `budget` has passed since receives last
+/// found anything: wait for a wake-up.
+///
+/// Yielding the core between tries (`sched_yield`, a no-op when nothing
+/// else is runnable there) is what makes this work unpinned: the kernel
+/// wakes the peer of a ping-pong onto the core that woke it, and a spin
+/// that kept the core would make the peer wait for the end of the slice,
+/// where a yield hands the core over at once.
+pub(crate) fn busy_poll<T>(
+    idle_since: &mut Option<Instant>,
+    budget: Duration,
+    cx: &mut Context<'_>,
+    mut recv: impl FnMut() -> io::Result<T>,
+) -> Poll<Option<io::Result<T>>>
+where
+    T: Into<usize> + Copy,
+{
+    let start = Instant::now();
+    let since = *idle_since.get_or_insert(start);
+    if start.duration_since(since) >= budget {
+        return Poll::Ready(None);
+    }
+    let until = (since + budget).min(start + SPIN_SLICE);
+    for _ in 0..SPIN_TRIES {
+        match recv() {
+            Ok(n) if n.into() > 0 => {
+                *idle_since = None;
+                return Poll::Ready(Some(Ok(n)));
+            }
+            Ok(_) => {}
+            Err(e) if spin_on(&e) => {}
+            Err(e) => return Poll::Ready(Some(Err(e))),
+        }
+        if Instant::now() >= until {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    // The runtime's own yield: behind the tasks ready now, without waking
+    // the reactor the way a plain self-wake does.
+    let yielding = std::pin::pin!(tokio::task::yield_now());
+    if yielding.poll(cx).is_ready() {
+        cx.waker().wake_by_ref();
+    }
+    Poll::Pending
+}
+
+/// Errors a busy-polling receive treats as "nothing yet".
+fn spin_on(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused
+    )
+}
+
 /// Registers `inner` with tokio's reactor.
 pub(crate) fn register<T: AsRawFd>(
     inner: T,
@@ -114,8 +260,17 @@ pub(crate) fn probe_offloads(socket: &Socket, want: Offloads) -> Offloads {
 /// A UDP socket moved in bursts: the epoll backend of the UDP port.
 #[derive(Debug)]
 pub struct EpollPort {
+    /// The socket, registered for reading only: write interest would wake
+    /// the reactor after every send, when the kernel frees its buffer.
     fd: AsyncFd<Socket>,
+    /// A duplicate of the socket's descriptor registered for writing,
+    /// made the first time a send finds the socket full.
+    writer: Option<Box<AsyncFd<Socket>>>,
     io: Bursts,
+    /// How long receives keep polling before they wait for epoll.
+    busy_poll: Option<Duration>,
+    /// Since when receives have found nothing while busy polling.
+    idle_since: Option<Instant>,
 }
 
 /// Everything of the port but its registration, so a burst can run while
@@ -128,8 +283,13 @@ struct Bursts {
     connected: Option<SocketAddr>,
     max_datagram: usize,
     offloads: Offloads,
-    /// Initialised receive memory; each burst is split off its front.
-    rx_buf: BytesMut,
+    /// The slots the kernel receives into and their headers, set up once.
+    rx: Box<RxSlots>,
+    /// Whether the last receive left the socket empty.
+    drained: bool,
+    /// Where each burst's datagrams are copied, back to back, to be handed
+    /// out as slices of one chunk.
+    rx_out: BytesMut,
     stats: PortStats,
 }
 
@@ -141,6 +301,7 @@ impl EpollPort {
         connected: Option<SocketAddr>,
         max_datagram: usize,
         want: Offloads,
+        busy_poll: Option<Duration>,
     ) -> io::Result<Self> {
         let offloads = probe_offloads(&socket, want);
         let local = socket
@@ -149,19 +310,21 @@ impl EpollPort {
             .ok_or_else(|| io::Error::other("socket has no IP address"))?;
         let raw = socket.as_raw_fd();
         Ok(EpollPort {
-            fd: register(
-                socket,
-                tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
-            )?,
+            fd: register(socket, tokio::io::Interest::READABLE)?,
+            writer: None,
             io: Bursts {
                 raw,
                 local,
                 connected,
                 max_datagram: max_datagram.min(MAX_UDP_PAYLOAD),
                 offloads,
-                rx_buf: BytesMut::new(),
+                rx: RxSlots::new(0, 0, false),
+                drained: false,
+                rx_out: BytesMut::new(),
                 stats: PortStats::default(),
             },
+            busy_poll: busy_poll.filter(|d| !d.is_zero()),
+            idle_since: None,
         })
     }
 
@@ -195,61 +358,63 @@ impl Bursts {
             MAX_BATCH
         };
         let n = max.clamp(1, limit);
-        if self.rx_buf.len() < n * slot {
-            // A fresh zeroed chunk for many bursts; the old one lives on in
-            // the Bytes handed out until they are dropped.
-            self.rx_buf = BytesMut::zeroed(slot * limit * 4);
+        if self.rx.slot != slot {
+            // Once per port.
+            self.rx = RxSlots::new(slot, limit, self.offloads.gro);
         }
-        let base = self.rx_buf.as_mut_ptr();
-        // SAFETY: all-zero is a valid value of these plain C structs.
-        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
-        let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
-        let mut names: [MaybeUninit<libc::sockaddr_storage>; MAX_BATCH] =
-            [MaybeUninit::zeroed(); MAX_BATCH];
-        let mut cmsgs: [CmsgBuf; MAX_BATCH] = [[0; 4]; MAX_BATCH];
-        for i in 0..n {
-            // SAFETY: slot i lies inside rx_buf, whose length is >= n * slot.
-            iovs[i].iov_base = unsafe { base.add(i * slot) }.cast();
-            iovs[i].iov_len = slot;
-            let h = &mut hdrs[i].msg_hdr;
-            h.msg_name = names[i].as_mut_ptr().cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
-            if self.offloads.gro {
-                h.msg_control = cmsgs[i].as_mut_ptr().cast();
-                h.msg_controllen = size_of::<CmsgBuf>() as _;
-            }
-        }
-        let fd = self.raw;
-        // SAFETY: every header points at live buffers sized as declared.
+        self.rx.rearm();
+        // SAFETY: the headers point into `self.rx`, alive and sized as
+        // declared; n <= the slots there.
         let rc = unsafe {
-            libc::recvmmsg(
-                fd,
-                hdrs.as_mut_ptr(),
-                n as u32,
+            libc::syscall(
+                libc::SYS_recvmmsg,
+                self.raw,
+                self.rx.hdrs.as_mut_ptr(),
+                n as libc::c_uint,
                 libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
+                std::ptr::null_mut::<libc::timespec>(),
             )
         };
         if rc < 0 {
+            self.drained = true;
             return Err(io::Error::last_os_error());
         }
         let got = rc as usize;
-        let chunk = self.rx_buf.split_to(got * slot).freeze();
+        self.rx.used = got;
+        // Fewer than asked for: the queue was empty when the call ended.
+        self.drained = got < n;
+        let hdrs = &self.rx.hdrs;
+        let names = &self.rx.names;
+
+        // The slots are reused, so what arrived is copied out, back to back,
+        // into one chunk handed out in slices: one copy of the bytes that
+        // came and (amortised) no allocation, where handing out the slots
+        // themselves would need fresh zeroed memory for every 64 KiB GRO
+        // slot that a 64-byte datagram used.
+        let total: usize = hdrs[..got]
+            .iter()
+            .map(|h| (h.msg_len as usize).min(slot))
+            .sum();
+        self.rx_out.clear();
+        if self.rx_out.capacity() < total {
+            self.rx_out.reserve(total.max(RX_CHUNK));
+        }
+        for (i, hdr) in hdrs.iter().enumerate().take(got) {
+            let len = (hdr.msg_len as usize).min(slot);
+            self.rx_out
+                .extend_from_slice(&self.rx.buf[i * slot..i * slot + len]);
+        }
+        let chunk = self.rx_out.split().freeze();
+        let mut at_chunk = 0;
         let mut appended = 0;
         for (i, hdr) in hdrs.iter().enumerate().take(got) {
             let len = (hdr.msg_len as usize).min(slot);
-            // SAFETY: the kernel wrote msg_namelen bytes of a sockaddr (and
-            // the family field is zero-initialised otherwise).
-            let peer = socket_addr_from(
-                unsafe { names[i].assume_init_ref() },
-                hdr.msg_hdr.msg_namelen,
-            );
+            let peer = socket_addr_from(&names[i], hdr.msg_hdr.msg_namelen);
+            let data = chunk.slice(at_chunk..at_chunk + len);
+            at_chunk += len;
             let Some(peer) = peer.or(self.connected) else {
                 continue;
             };
-            let data = chunk.slice(i * slot..i * slot + len);
             let seg = if self.offloads.gro {
                 gro_segment_size(&hdr.msg_hdr).unwrap_or(len)
             } else {
@@ -278,66 +443,50 @@ impl Bursts {
 
     /// One `sendmmsg` of the front of `batch`; returns datagrams sent.
     fn send_burst(&mut self, batch: &TxBatch<SocketAddr>) -> io::Result<usize> {
-        // SAFETY: all-zero is a valid value of these plain C structs.
-        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
-        let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
-        let mut names: [Option<SockAddr>; MAX_BATCH] = std::array::from_fn(|_| None);
-        let mut cmsgs: [CmsgBuf; MAX_BATCH] = [[0; 4]; MAX_BATCH];
+        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
+        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
+        let mut names = [const { MaybeUninit::<SockAddr>::uninit() }; MAX_BATCH];
+        let mut cmsgs = [const { MaybeUninit::<CmsgBuf>::uninit() }; MAX_BATCH];
         // How many datagrams of the batch each header carries.
         let mut carried = [0usize; MAX_BATCH];
         let mut n = 0;
         let mut next = 0;
         while n < MAX_BATCH {
-            let Some((dst, first)) = batch.get(next) else {
+            let Some(run) = gso_run(batch, next, self.offloads.gso) else {
                 break;
             };
-            let mut segs = 1;
-            let mut bytes = first.len();
-            if self.offloads.gso && !first.is_empty() {
-                // A run of datagrams to one peer, all as long as the first
-                // but the last, travels as one GSO send.
-                while segs < MAX_GSO_SEGMENTS {
-                    match batch.get(next + segs) {
-                        Some((d, b))
-                            if d == dst
-                                && b.len() <= first.len()
-                                && !b.is_empty()
-                                && bytes + b.len() <= MAX_UDP_PAYLOAD =>
-                        {
-                            bytes += b.len();
-                            segs += 1;
-                            if b.len() < first.len() {
-                                break;
-                            }
-                        }
-                        _ => break,
-                    }
-                }
-            }
-            iovs[n].iov_base = first.as_ptr() as *mut libc::c_void;
-            iovs[n].iov_len = bytes;
-            let h = &mut hdrs[n].msg_hdr;
-            h.msg_iov = &mut iovs[n];
+            let (dst, segs, seg_size) = (run.dst, run.segments, run.segment_size);
+            let iov = iovs[n].write(libc::iovec {
+                iov_base: run.bytes.as_ptr() as *mut libc::c_void,
+                iov_len: run.bytes.len(),
+            });
+            // SAFETY: all-zero is a valid msghdr.
+            let mut h: libc::msghdr = unsafe { zeroed() };
+            h.msg_iov = iov;
             h.msg_iovlen = 1;
             if self.connected.is_none() {
-                let name = names[n].insert(SockAddr::from(dst));
+                let name = names[n].write(SockAddr::from(dst));
                 h.msg_name = name.as_ptr() as *mut libc::c_void;
                 h.msg_namelen = name.len();
             }
             if segs > 1 {
-                let cbuf = &mut cmsgs[n];
+                let cbuf = cmsgs[n].write([0; 4]);
                 h.msg_control = cbuf.as_mut_ptr().cast();
                 // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer.
                 h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
                 // SAFETY: the control buffer is set and large enough.
                 unsafe {
-                    let c = libc::CMSG_FIRSTHDR(h);
+                    let c = libc::CMSG_FIRSTHDR(&h);
                     (*c).cmsg_level = libc::SOL_UDP;
                     (*c).cmsg_type = libc::UDP_SEGMENT;
                     (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), first.len() as u16);
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg_size as u16);
                 }
             }
+            hdrs[n].write(libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            });
             carried[n] = segs;
             next += segs;
             n += 1;
@@ -346,8 +495,18 @@ impl Bursts {
             return Ok(0);
         }
         let fd = self.raw;
-        // SAFETY: every header points at live buffers sized as declared.
-        let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), n as u32, 0) };
+        // SAFETY: the first n headers are initialised and point at live
+        // buffers sized as declared. (The raw call skips libc's
+        // cancellation bookkeeping.)
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_sendmmsg,
+                fd,
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
+                n as libc::c_uint,
+                0,
+            )
+        };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -358,8 +517,54 @@ impl Bursts {
     }
 }
 
+/// Datagrams of a batch that leave in one send.
+pub(crate) struct Run<'a> {
+    /// Their destination.
+    pub dst: SocketAddr,
+    /// How many datagrams.
+    pub segments: usize,
+    /// Length of each but the last (which may be shorter).
+    pub segment_size: usize,
+    /// Their bytes, back to back.
+    pub bytes: &'a [u8],
+}
+
+/// The datagrams from the `at`-th unsent one of `batch` that travel as
+/// one send: with `gso`, a run to one peer, all as long as the first but
+/// the last, within the kernel's segment and size limits; without, one.
+pub(crate) fn gso_run(batch: &TxBatch<SocketAddr>, at: usize, gso: bool) -> Option<Run<'_>> {
+    let (dst, first) = batch.get(at)?;
+    let mut segs = 1;
+    let mut bytes = first.len();
+    if gso && !first.is_empty() {
+        while segs < MAX_GSO_SEGMENTS {
+            match batch.get(at + segs) {
+                Some((d, b))
+                    if d == dst
+                        && b.len() <= first.len()
+                        && !b.is_empty()
+                        && bytes + b.len() <= MAX_UDP_PAYLOAD =>
+                {
+                    bytes += b.len();
+                    segs += 1;
+                    if b.len() < first.len() {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+    Some(Run {
+        dst,
+        segments: segs,
+        segment_size: first.len(),
+        bytes: batch.run(at, segs)?,
+    })
+}
+
 /// The segment size the kernel reports for a GRO-coalesced receive.
-fn gro_segment_size(hdr: &libc::msghdr) -> Option<usize> {
+pub(crate) fn gro_segment_size(hdr: &libc::msghdr) -> Option<usize> {
     // SAFETY: walks the control messages the kernel wrote into our buffer.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(hdr);
@@ -391,11 +596,30 @@ impl DatagramPort for EpollPort {
         out: &mut Vec<Datagram<SocketAddr>>,
         max: usize,
     ) -> Poll<io::Result<usize>> {
+        if let Some(budget) = self.busy_poll {
+            match busy_poll(&mut self.idle_since, budget, cx, || {
+                self.io.recv_burst(out, max)
+            }) {
+                Poll::Ready(Some(r)) => return Poll::Ready(r),
+                Poll::Ready(None) => {}
+                Poll::Pending => return Poll::Pending,
+            }
+        }
         loop {
             let mut guard = ready!(self.fd.poll_read_ready(cx))?;
             match self.io.recv_burst(out, max) {
                 Ok(0) => continue,
-                Ok(n) => return Poll::Ready(Ok(n)),
+                Ok(n) => {
+                    self.idle_since = None;
+                    if self.io.drained {
+                        // The burst came back short: the queue was empty,
+                        // and with edge-triggered epoll any later datagram
+                        // is a new event. Saying so now spares the next
+                        // poll a receive that would only find nothing.
+                        guard.clear_ready();
+                    }
+                    return Poll::Ready(Ok(n));
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
                 // An ICMP error from an earlier send; the socket goes on.
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
@@ -410,20 +634,43 @@ impl DatagramPort for EpollPort {
         cx: &mut Context<'_>,
         batch: &mut TxBatch<SocketAddr>,
     ) -> Poll<io::Result<()>> {
-        while !batch.is_empty() {
-            let mut guard = ready!(self.fd.poll_write_ready(cx))?;
+        // Sends are tried first: a UDP socket is nearly always writable, and
+        // the port asks epoll about writability only once a send found it
+        // full (see `writer`).
+        for _ in 0..MAX_SEND_TRIES {
+            if batch.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
             match self.io.send_burst(batch) {
-                Ok(n) => batch.mark_sent(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(n) => {
+                    batch.mark_sent(n);
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // A device without checksum offload refuses GSO: go on without.
                 Err(e) if self.io.offloads.gso && e.raw_os_error() == Some(libc::EIO) => {
                     self.io.offloads.gso = false;
+                    continue;
                 }
                 Err(e) => return Poll::Ready(Err(e)),
             }
+            let writer = match &mut self.writer {
+                Some(w) => w,
+                none => none.insert(Box::new(register(
+                    self.fd.get_ref().try_clone()?,
+                    tokio::io::Interest::WRITABLE,
+                )?)),
+            };
+            // Registering reports the socket writable if it is by now;
+            // the send is tried again either way, so the readiness seen
+            // here is spent at once.
+            let mut guard = ready!(writer.poll_write_ready(cx))?;
+            guard.clear_ready();
         }
-        Poll::Ready(Ok(()))
+        // Sent and refused in turn many times: let other tasks run first.
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     fn stats(&self) -> PortStats {
