@@ -116,7 +116,9 @@ impl Sim {
         }
         while let Some(d) = self.ab.pop_due(self.now) {
             if self.b_alive {
-                self.b.handle_datagram(1, &d, self.now);
+                // B takes its datagrams as Bytes (payloads kept as slices),
+                // A as byte slices (payloads copied): both paths are run.
+                self.b.handle_datagram_bytes(1, &d, self.now);
             }
             moved = true;
         }

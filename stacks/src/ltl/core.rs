@@ -597,6 +597,16 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
 
     /// Feeds one received datagram.
     pub fn handle_datagram(&mut self, from: A, data: &[u8], now: Instant) {
+        self.handle(from, data, None, now);
+    }
+
+    /// Feeds one received datagram the caller holds as [`Bytes`]: a DATA
+    /// frame's payload is kept as a slice of it, not copied.
+    pub fn handle_datagram_bytes(&mut self, from: A, data: &Bytes, now: Instant) {
+        self.handle(from, data, Some(data), now);
+    }
+
+    fn handle(&mut self, from: A, data: &[u8], owned: Option<&Bytes>, now: Instant) {
         let frame = match Frame::new_checked(data) {
             Ok(f) => f,
             Err(_) => {
@@ -670,7 +680,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
             _ if c.state == State::SynSent => return,
             Kind::Data | Kind::Fin => {
                 let item = if kind == Kind::Data {
-                    Item::Data(Bytes::copy_from_slice(frame.payload()))
+                    let payload = frame.payload();
+                    Item::Data(match owned {
+                        Some(b) => b.slice(HEADER_LEN..HEADER_LEN + payload.len()),
+                        None => Bytes::copy_from_slice(payload),
+                    })
                 } else {
                     Item::Fin
                 };

@@ -194,7 +194,7 @@ impl<P: DatagramPort> Driver<P> {
                     let now = Instant::now();
                     let mut g = self.shared.lock();
                     for d in &self.rx {
-                        g.endpoint.handle_datagram(d.peer, &d.data, now);
+                        g.endpoint.handle_datagram_bytes(d.peer, &d.data, now);
                     }
                 }
                 Poll::Ready(Err(_)) => {
