@@ -1,7 +1,12 @@
-//! A seeded, impaired datagram path for deterministic tests of datagram
-//! protocols, in the style of `uniplane_dataplane::fault` but one layer
-//! down: it loses, duplicates, reorders, corrupts and delays whole
-//! datagrams on a clock the caller drives.
+//! Seeded impairments of datagram paths, in the style of
+//! `uniplane_dataplane::fault` but one layer down, on whole datagrams:
+//!
+//! - [`FaultyPath`]: a simulated path that loses, duplicates, reorders,
+//!   corrupts and delays datagrams on a clock the caller drives, for
+//!   deterministic tests of datagram protocols;
+//! - [`LossyPort`]: a wrapper around any real [`DatagramPort`] that drops a
+//!   seeded share of the datagrams it receives, for measuring a protocol
+//!   over real sockets with loss (`uniplane-bench gen --loss`).
 //!
 //! ```
 //! use std::time::{Duration, Instant};
@@ -22,10 +27,14 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::io;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use uniplane_dataplane::SplitMix64;
+
+use super::{Datagram, DatagramPort, PortStats, TxBatch};
 
 /// Which faults to inject, with what probability each (0.0–1.0).
 #[derive(Clone, Debug, PartialEq)]
@@ -231,8 +240,162 @@ impl FaultyPath {
     }
 }
 
+/// A probability outside `0.0..=1.0` (or not a number).
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("a loss probability must be within 0.0..=1.0, not {0}")]
+pub struct BadProbability(pub f64);
+
+/// Checks that `p` is a probability.
+fn probability(p: f64) -> Result<f64, BadProbability> {
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(BadProbability(p))
+    }
+}
+
+/// A [`DatagramPort`] that drops a seeded share of the datagrams the
+/// wrapped port receives, as a lossy network would, and sends untouched.
+/// To impair both directions, wrap the ports at both ends.
+///
+/// Each received datagram is dropped with probability `loss`, decided by a
+/// [`SplitMix64`] seeded with `seed`: the same seed and the same arrivals
+/// drop the same datagrams. What is kept stays in order. Drops are counted
+/// ([`LossyPort::dropped`], and `rx_dropped` in [`DatagramPort::stats`]).
+/// A burst costs one random draw per datagram and no allocation; with
+/// `loss` 0 nothing is drawn.
+///
+/// ```
+/// use uniplane_stacks::datagram::fault::LossyPort;
+/// use uniplane_stacks::udp::{UdpConfig, UdpPort};
+///
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+/// # let _in_runtime = rt.enter();
+/// let port = UdpPort::bind("127.0.0.1:0".parse()?, &UdpConfig::default())?;
+/// // Loses 1 % of what it receives; seed 7 picks which.
+/// let lossy = LossyPort::new(port, 0.01, 7)?;
+/// assert_eq!(lossy.dropped(), 0);
+/// assert!(LossyPort::new(lossy.into_inner(), 1.5, 7).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct LossyPort<P> {
+    inner: P,
+    rng: SplitMix64,
+    loss: f64,
+    dropped: u64,
+}
+
+/// Receives a lossy port makes in one poll before it yields when every
+/// datagram received was dropped (so that a flood at loss 1.0 cannot hold
+/// the task).
+const ALL_DROPPED_RETRIES: usize = 8;
+
+impl<P: DatagramPort> LossyPort<P> {
+    /// Wraps `inner`, dropping each received datagram with probability
+    /// `loss` (0.0 to 1.0) as decided by a generator seeded with `seed`.
+    pub fn new(inner: P, loss: f64, seed: u64) -> Result<Self, BadProbability> {
+        Ok(LossyPort {
+            inner,
+            rng: SplitMix64::new(seed),
+            loss: probability(loss)?,
+            dropped: 0,
+        })
+    }
+
+    /// The probability with which a received datagram is dropped.
+    pub fn loss(&self) -> f64 {
+        self.loss
+    }
+
+    /// Datagrams dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The wrapped port.
+    pub fn get_ref(&self) -> &P {
+        &self.inner
+    }
+
+    /// The wrapped port, unwrapped.
+    pub fn into_inner(self) -> P {
+        self.inner
+    }
+
+    /// Drops a share of `out[start..]` in place, keeping the order of the
+    /// rest; returns how many are kept.
+    fn thin(&mut self, out: &mut Vec<Datagram<P::Addr>>, start: usize) -> usize {
+        let mut kept = start;
+        for i in start..out.len() {
+            if self.rng.chance(self.loss) {
+                self.dropped += 1;
+            } else {
+                out.swap(kept, i);
+                kept += 1;
+            }
+        }
+        out.truncate(kept);
+        kept - start
+    }
+}
+
+impl<P: DatagramPort> DatagramPort for LossyPort<P> {
+    type Addr = P::Addr;
+
+    fn local_addr(&self) -> P::Addr {
+        self.inner.local_addr()
+    }
+
+    fn max_datagram_size(&self) -> usize {
+        self.inner.max_datagram_size()
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Datagram<P::Addr>>,
+        max: usize,
+    ) -> Poll<io::Result<usize>> {
+        let start = out.len();
+        for _ in 0..ALL_DROPPED_RETRIES {
+            match self.inner.poll_recv(cx, out, max) {
+                Poll::Ready(Ok(_)) => {
+                    let kept = self.thin(out, start);
+                    if kept > 0 {
+                        return Poll::Ready(Ok(kept));
+                    }
+                    // All dropped: `Ready` must carry datagrams, so look
+                    // again (a `Pending` from the port registers the wake).
+                }
+                other => return other,
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        batch: &mut TxBatch<P::Addr>,
+    ) -> Poll<io::Result<()>> {
+        self.inner.poll_send(cx, batch)
+    }
+
+    fn stats(&self) -> PortStats {
+        let inner = self.inner.stats();
+        PortStats {
+            rx_dropped: inner.rx_dropped + self.dropped,
+            ..inner
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+
     use super::*;
 
     fn run(config: DatagramFaults, n: u8) -> (Vec<Bytes>, PathStats) {
@@ -307,5 +470,178 @@ mod tests {
         };
         let (out, _) = run(cfg, 100);
         assert!(out.windows(2).any(|w| w[0][0] > w[1][0]));
+    }
+
+    /// An in-memory port whose inbox the test fills.
+    #[derive(Debug)]
+    struct QueuePort {
+        inbox: VecDeque<Datagram<u8>>,
+        received: u64,
+    }
+
+    impl QueuePort {
+        fn with(n: u32) -> Self {
+            QueuePort {
+                inbox: (0..n)
+                    .map(|i| Datagram {
+                        peer: 1,
+                        data: Bytes::copy_from_slice(&i.to_be_bytes()),
+                    })
+                    .collect(),
+                received: 0,
+            }
+        }
+    }
+
+    impl DatagramPort for QueuePort {
+        type Addr = u8;
+
+        fn local_addr(&self) -> u8 {
+            0
+        }
+
+        fn max_datagram_size(&self) -> usize {
+            1500
+        }
+
+        fn poll_recv(
+            &mut self,
+            _: &mut Context<'_>,
+            out: &mut Vec<Datagram<u8>>,
+            max: usize,
+        ) -> Poll<io::Result<usize>> {
+            let n = self.inbox.len().min(max);
+            if n == 0 {
+                return Poll::Pending;
+            }
+            out.extend(self.inbox.drain(..n));
+            self.received += n as u64;
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_send(&mut self, _: &mut Context<'_>, b: &mut TxBatch<u8>) -> Poll<io::Result<()>> {
+            b.clear();
+            Poll::Ready(Ok(()))
+        }
+
+        fn stats(&self) -> PortStats {
+            PortStats {
+                rx_datagrams: self.received,
+                ..PortStats::default()
+            }
+        }
+    }
+
+    fn index(d: &Datagram<impl Sized>) -> u32 {
+        u32::from_be_bytes(d.data[..4].try_into().unwrap())
+    }
+
+    /// Receives everything `n` queued datagrams leave after `loss`.
+    fn drain_lossy(n: u32, loss: f64, seed: u64) -> (Vec<u32>, LossyPort<QueuePort>) {
+        let mut port = LossyPort::new(QueuePort::with(n), loss, seed).unwrap();
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut kept = Vec::new();
+        let mut burst = Vec::with_capacity(64);
+        while !port.get_ref().inbox.is_empty() {
+            burst.clear();
+            match port.poll_recv(&mut cx, &mut burst, 64) {
+                Poll::Ready(Ok(got)) => {
+                    assert!(got > 0, "a ready burst carries datagrams");
+                    assert_eq!(got, burst.len());
+                    kept.extend(burst.iter().map(index));
+                }
+                Poll::Ready(Err(e)) => panic!("{e}"),
+                Poll::Pending => assert!(burst.is_empty()),
+            }
+        }
+        (kept, port)
+    }
+
+    #[test]
+    fn a_lossy_port_drops_about_its_share_and_counts_every_drop() {
+        let n = 100_000;
+        let (kept, port) = drain_lossy(n, 0.1, 5);
+        assert_eq!(kept.len() as u64 + port.dropped(), n as u64);
+        let share = port.dropped() as f64 / n as f64;
+        assert!((0.09..0.11).contains(&share), "{share}");
+        let stats = port.stats();
+        assert_eq!(stats.rx_dropped, port.dropped());
+        assert_eq!(stats.rx_datagrams, n as u64);
+    }
+
+    #[test]
+    fn a_lossy_port_keeps_the_order_of_what_it_keeps() {
+        let (kept, _) = drain_lossy(10_000, 0.3, 8);
+        assert!(kept.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_same_seed_drops_the_same_datagrams() {
+        let (a, _) = drain_lossy(5_000, 0.2, 11);
+        let (b, _) = drain_lossy(5_000, 0.2, 11);
+        let (c, _) = drain_lossy(5_000, 0.2, 12);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn no_loss_keeps_everything_and_full_loss_keeps_nothing() {
+        let (kept, port) = drain_lossy(1_000, 0.0, 1);
+        assert_eq!((kept.len(), port.dropped()), (1_000, 0));
+        // At 1.0 every poll that finds datagrams drops them all and is
+        // `Pending`, never an empty `Ready`.
+        let (kept, port) = drain_lossy(1_000, 1.0, 1);
+        assert_eq!((kept.len(), port.dropped()), (0, 1_000));
+    }
+
+    #[test]
+    fn a_probability_outside_zero_to_one_is_refused() {
+        for p in [-0.01, 1.01, f64::NAN, f64::INFINITY] {
+            let err = LossyPort::new(QueuePort::with(0), p, 1).unwrap_err();
+            assert!(err.to_string().contains("0.0..=1.0"), "{err}");
+        }
+        for p in [0.0, 0.5, 1.0] {
+            assert!(LossyPort::new(QueuePort::with(0), p, 1).is_ok());
+        }
+    }
+
+    #[tokio::test]
+    async fn over_loopback_udp_every_datagram_is_received_or_dropped() {
+        use crate::udp::{UdpConfig, UdpPort};
+        use std::future::poll_fn;
+
+        let cfg = UdpConfig::default();
+        let mut tx = UdpPort::bind("127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
+        let rx = UdpPort::bind("127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
+        let to = rx.local_addr();
+        let mut rx = LossyPort::new(rx, 0.25, 3).unwrap();
+        let (bursts, per_burst) = (32u32, 32u32);
+        let mut batch = TxBatch::with_capacity(4096, per_burst as usize);
+        let mut kept = Vec::new();
+        let mut got = Vec::with_capacity(64);
+        for b in 0..bursts {
+            for i in 0..per_burst {
+                batch.push_datagram(to, &(b * per_burst + i).to_be_bytes());
+            }
+            poll_fn(|cx| tx.poll_send(cx, &mut batch)).await.unwrap();
+            // Take this burst in before sending the next, so that the
+            // socket's buffer never overflows.
+            let sent = ((b + 1) * per_burst) as u64;
+            while kept.len() as u64 + rx.dropped() < sent {
+                got.clear();
+                let recv = poll_fn(|cx| rx.poll_recv(cx, &mut got, 64));
+                tokio::time::timeout(Duration::from_secs(5), recv)
+                    .await
+                    .expect("datagrams arrive")
+                    .unwrap();
+                kept.extend(got.iter().map(index));
+            }
+        }
+        let n = (bursts * per_burst) as u64;
+        assert_eq!(kept.len() as u64 + rx.dropped(), n);
+        assert!(rx.dropped() > 0 && !kept.is_empty());
+        assert!(kept.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(rx.stats().rx_dropped, rx.dropped());
     }
 }

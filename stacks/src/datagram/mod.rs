@@ -163,6 +163,10 @@ pub struct PortStats {
     pub rx_calls: u64,
     /// Send system calls (or ring submissions).
     pub tx_calls: u64,
+    /// Received datagrams dropped on purpose before delivery, by an
+    /// impairment such as [`fault::LossyPort`]; they are counted in
+    /// `rx_datagrams` too.
+    pub rx_dropped: u64,
 }
 
 /// A frame-level port: bursts of datagrams to and from peer addresses.
