@@ -21,8 +21,10 @@ use uniplane_dataplane::{
 };
 
 use super::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
+use crate::datagram::fault::{BadProbability, LossyPort};
 use crate::datagram::{Datagram, DatagramPort, TxBatch};
 use crate::udp::{UdpConfig, UdpPort};
+use uniplane_dataplane::SplitMix64;
 
 /// What a peer address must be for the driver: a port's address type.
 pub trait Addr:
@@ -554,6 +556,14 @@ pub struct LtlStack {
     config: LtlConfig,
     udp: UdpConfig,
     client: Mutex<Option<LtlHandle<SocketAddr>>>,
+    receive_loss: Option<ReceiveLoss>,
+}
+
+/// Loss the stack injects where its endpoints receive.
+struct ReceiveLoss {
+    probability: f64,
+    /// Hands each bound port the seed of its own drop decisions.
+    seeds: Mutex<SplitMix64>,
 }
 
 impl Default for LtlStack {
@@ -577,7 +587,44 @@ impl LtlStack {
             config,
             udp,
             client: Mutex::new(None),
+            receive_loss: None,
         }
+    }
+
+    /// The same stack with every endpoint it binds from now on (the client
+    /// endpoint and each listening one) dropping each datagram it receives
+    /// with probability `loss` (0.0 to 1.0), through a
+    /// [`LossyPort`]. An impairment for measurements and tests: it shows
+    /// what loss costs LTL over real sockets. The ports' drop decisions
+    /// come from generators seeded from `seed`, one per port in the order
+    /// they are bound. Without it (or with `loss` 0, which draws nothing)
+    /// endpoints run on the plain port.
+    ///
+    /// ```
+    /// use uniplane_stacks::ltl::LtlStack;
+    ///
+    /// let lossy = LtlStack::new().with_receive_loss(0.01, 7)?; // 1 %
+    /// assert_eq!(lossy.receive_loss(), 0.01);
+    /// assert!(LtlStack::new().with_receive_loss(1.5, 7).is_err());
+    /// # Ok::<(), uniplane_stacks::datagram::fault::BadProbability>(())
+    /// ```
+    pub fn with_receive_loss(self, loss: f64, seed: u64) -> Result<Self, BadProbability> {
+        if !(0.0..=1.0).contains(&loss) {
+            return Err(BadProbability(loss));
+        }
+        Ok(LtlStack {
+            receive_loss: (loss > 0.0).then(|| ReceiveLoss {
+                probability: loss,
+                seeds: Mutex::new(SplitMix64::new(seed)),
+            }),
+            ..self
+        })
+    }
+
+    /// The probability with which the stack's endpoints drop what they
+    /// receive (0 unless set by [`LtlStack::with_receive_loss`]).
+    pub fn receive_loss(&self) -> f64 {
+        self.receive_loss.as_ref().map_or(0.0, |l| l.probability)
     }
 
     fn socket_addr(locator: &Locator) -> Result<SocketAddr, StackError> {
@@ -604,7 +651,22 @@ impl LtlStack {
             std::io::ErrorKind::AddrInUse => StackError::AddrInUse(Locator::Socket(local)),
             _ => StackError::Io(e),
         })?;
-        Ok(spawn_endpoint(port, self.config.clone(), Self::seed()))
+        let config = self.config.clone();
+        Ok(match &self.receive_loss {
+            // The plain port: the normal path has no impairment in it.
+            None => spawn_endpoint(port, config, Self::seed()),
+            Some(loss) => {
+                let seed = loss
+                    .seeds
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .next_u64();
+                let port = LossyPort::new(port, loss.probability, seed).map_err(|e| {
+                    StackError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+                })?;
+                spawn_endpoint(port, config, Self::seed())
+            }
+        })
     }
 
     /// Opens a connection from the stack's client endpoint.
@@ -678,5 +740,72 @@ impl Stack for LtlStack {
                 r.map(|l| Box::new(l) as BoxLink)
             })) as BoxListener)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+    use uniplane_dataplane::{LinkExt, Uid};
+
+    use super::*;
+
+    fn msg(i: u32) -> Message {
+        let a = Uid::new(Ipv4Addr::LOCALHOST, 1).port(1);
+        let b = Uid::new(Ipv4Addr::LOCALHOST, 2).port(2);
+        let mut m = Message::send(a, b, Bytes::copy_from_slice(&[7u8; 200])).unwrap();
+        m.set_seqnum(i);
+        m
+    }
+
+    #[test]
+    fn a_receive_loss_outside_zero_to_one_is_refused() {
+        for p in [-0.5, 1.5, f64::NAN] {
+            assert!(LtlStack::new().with_receive_loss(p, 1).is_err(), "{p}");
+        }
+        let none = LtlStack::new().with_receive_loss(0.0, 1).unwrap();
+        assert_eq!(none.receive_loss(), 0.0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn under_receive_loss_every_message_arrives_once_and_in_order() {
+        let stack = LtlStack::new().with_receive_loss(0.05, 9).unwrap();
+        let (addr, mut listener) = stack.listen_now(&"127.0.0.1:0".parse().unwrap()).unwrap();
+        let within = |f| tokio::time::timeout(Duration::from_secs(20), f);
+        let mut client = within(stack.connect_link(&Locator::Socket(addr)))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut server = tokio::time::timeout(Duration::from_secs(5), listener.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let n = 5_000u32;
+        let sender = tokio::spawn(async move {
+            let mut batch: VecDeque<_> = (0..n).map(msg).collect();
+            client.send_batch(&mut batch).await.unwrap();
+            client
+        });
+        let (mut next, mut out) = (0, Vec::new());
+        while next < n {
+            out.clear();
+            tokio::time::timeout(Duration::from_secs(20), server.recv_batch(&mut out, 256))
+                .await
+                .unwrap()
+                .unwrap();
+            for m in &out {
+                assert_eq!(m.header().seqnum, next);
+                next += 1;
+            }
+        }
+        let _client = sender.await.unwrap();
+        let s = stack.client_stats().unwrap();
+        let repaired = s.fast_retransmits + s.probe_retransmits + s.timeout_retransmits;
+        assert!(repaired > 0, "5 % loss and nothing sent again: {s:?}");
     }
 }
