@@ -208,6 +208,7 @@ pub fn run_gen(
     observer: &mut dyn Observer,
 ) -> Result<GenRun, BenchError> {
     check(&*stack, cfg)?;
+    let reliable = stack.capabilities().reliable;
     let clock = MonotonicClock::new();
     let meter = Arc::new(Meter::default());
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -240,7 +241,7 @@ pub fn run_gen(
                     .recv()
                     .map_err(|_| BenchError::SideGone("receiver"))?;
                 let link = stack.connect(&connect).await?;
-                send(link, &cfg, clock, &meter).await
+                send(link, &cfg, reliable, clock, &meter).await
             }
             .await;
             if r.is_err() {
@@ -314,9 +315,14 @@ impl PayloadArena {
     }
 }
 
+/// Longest a sender over a reliable stack stays after its last message
+/// for the receiver to get everything.
+const RELIABLE_LINGER: Duration = Duration::from_secs(2);
+
 async fn send(
     mut link: BoxLink,
     cfg: &GenConfig,
+    reliable: bool,
     clock: MonotonicClock,
     meter: &Meter,
 ) -> Result<Sent, BenchError> {
@@ -407,6 +413,19 @@ async fn send(
     // Closing tells a reliable stack's receiver that the stream ended; an
     // error here changes no figure.
     let _ = link.close().await;
+    if reliable {
+        // A reliable stack may still owe the receiver repairs of what was
+        // lost, from an endpoint on this thread's runtime: stay until the
+        // receiver has every measured message (or gives up), or losses at
+        // the tail would count as lost.
+        let until = Instant::now() + RELIABLE_LINGER;
+        while meter.rx_msgs.load(Ordering::Relaxed) < out.sent
+            && !meter.aborted()
+            && Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
     Ok(out)
 }
 
