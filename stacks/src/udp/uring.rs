@@ -567,7 +567,8 @@ impl DatagramPort for UringPort {
             // Posted receives complete into the mapped ring: watching it
             // costs no system call.
             let mut idle = self.idle_since;
-            let r = busy_poll(&mut idle, budget, cx, || {
+            let empty = self.done.is_empty() && self.ring.completion().is_empty();
+            let r = busy_poll(&mut idle, budget, empty, cx, || {
                 // Entering the kernel (GETEVENTS) runs the task work that
                 // completes receives whose data arrived.
                 // SAFETY: no argument is passed.
