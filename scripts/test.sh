@@ -17,6 +17,7 @@ NEEDS=(
   "iverilog:iverilog"
   "yosys:yosys"
   "iperf3:iperf3"
+  "sockperf:sockperf"
   "fc-list:fontconfig"
 )
 

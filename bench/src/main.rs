@@ -24,7 +24,7 @@ use uniplane_bench::plot::{self, Chart};
 use uniplane_bench::report::{
     GenParams, GenResults, PerSecond, Report, RttParams, RttResults, SIZE_COUNTS,
 };
-use uniplane_bench::rtt::{run_rtt, RttConfig};
+use uniplane_bench::rtt::{open_rtt_stack, run_rtt, RttConfig};
 use uniplane_bench::sizes::SizeMix;
 use uniplane_bench::stacks::{default_endpoints, open_stack, Endpoints};
 use uniplane_bench::BenchError;
@@ -272,6 +272,10 @@ struct PeerArgs {
     /// Measurements of each side, alternating ours, peer, ours, peer, …
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Round trips with both sides spinning on their sockets: sockperf
+    /// with non-blocking sockets, ours busy-polling.
+    #[arg(long)]
+    busy_poll: bool,
 }
 
 /// Per-second lines on stdout, a progress indicator on a terminal's stderr.
@@ -565,7 +569,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
 }
 
 fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
-    let stack = open_stack(&a.at.stack)?;
+    let stack = open_rtt_stack(&a.at.stack, a.busy_poll)?;
     let at = a.at.endpoints()?;
     let cfg = RttConfig {
         size: a.size,
@@ -684,9 +688,15 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
         Tool::Sockperf => Box::new(peer::Sockperf::default()),
     };
+    if a.busy_poll && !matches!(a.tool, Tool::Sockperf) {
+        return Err(BenchError::Config(
+            "--busy-poll compares round trips: use it with --tool sockperf".into(),
+        ));
+    }
     let w = Workload {
         size: a.size,
         seconds: a.seconds.max(1),
+        busy_poll: a.busy_poll,
     };
     let stack_name = a.stack.clone();
     open_stack(&stack_name)?;
@@ -734,10 +744,12 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
                 ))
             }
             peer::Metric::RttP50Ns => {
+                let stack = open_rtt_stack(&stack_name, w.busy_poll)?;
                 let cfg = RttConfig {
                     size: w.size,
                     stop: Stop::Seconds(w.seconds as f64),
                     warmup: Duration::ZERO,
+                    busy_poll: w.busy_poll,
                     ..RttConfig::default()
                 };
                 let r = run_rtt(stack, &at, &cfg, &mut Live::new("ours".into(), true))?;
@@ -785,6 +797,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         "size": w.size,
         "seconds": w.seconds,
         "rounds": a.rounds.max(1),
+        "busy_poll": a.busy_poll,
         "order": "ours, peer, ours, peer, …",
         "peer_commands": tool.commands(&w),
     });

@@ -79,6 +79,9 @@ pub struct Workload {
     pub size: usize,
     /// Seconds per measurement (whole seconds: the tools take no fractions).
     pub seconds: u64,
+    /// Both sides spin on their sockets instead of sleeping in the kernel
+    /// (round trips only: sockperf then opens non-blocking sockets).
+    pub busy_poll: bool,
 }
 
 /// The figure compared.
@@ -654,6 +657,7 @@ mod tests {
         let w = Workload {
             size: 64,
             seconds: 1,
+            busy_poll: false,
         };
         let mut ours_values = vec![400.0, 400.0].into_iter();
         let c = compare(
@@ -675,6 +679,7 @@ mod tests {
         let w = Workload {
             size: 64,
             seconds: 3,
+            busy_poll: false,
         };
         let c = Iperf3Udp::default().commands(&w);
         assert!(c[0].contains("-s -1 -B 127.0.0.1 -p PORT"), "{c:?}");
@@ -767,14 +772,15 @@ impl Peer for Sockperf {
     }
 
     fn transport(&self) -> &'static str {
-        "kernel UDP on 127.0.0.1, ping-pong, sockperf's busy receive"
+        "kernel UDP on 127.0.0.1, ping-pong, one socket each side (blocking recvfrom, or spinning on a non-blocking one with --busy-poll)"
     }
 
     fn commands(&self, w: &Workload) -> Vec<String> {
+        let nb = if w.busy_poll { " --nonblocked" } else { "" };
         vec![
-            "sockperf server -i 127.0.0.1 -p PORT".into(),
+            format!("sockperf server -i 127.0.0.1 -p PORT{nb}"),
             format!(
-                "sockperf ping-pong -i 127.0.0.1 -p PORT -m {} -t {}",
+                "sockperf ping-pong -i 127.0.0.1 -p PORT -m {} -t {}{nb}",
                 w.size,
                 w.seconds.max(1)
             ),
@@ -797,9 +803,14 @@ impl Peer for Sockperf {
             })?
             .port()
             .to_string();
+        // Non-blocking sockets make sockperf spin on recvfrom, as ours
+        // spins when it busy-polls.
+        let nonblocked: &[&str] = if w.busy_poll { &["--nonblocked"] } else { &[] };
         let mut server = ProcessGroup::spawn(
             "sockperf",
-            Command::new(&bin).args(["server", "-i", "127.0.0.1", "-p", &port]),
+            Command::new(&bin)
+                .args(["server", "-i", "127.0.0.1", "-p", &port])
+                .args(nonblocked),
         )?;
         let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
             tool: "sockperf",
@@ -817,17 +828,19 @@ impl Peer for Sockperf {
         let size = w.size.to_string();
         let client = ProcessGroup::spawn(
             "sockperf",
-            Command::new(&bin).args([
-                "ping-pong",
-                "-i",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-m",
-                &size,
-                "-t",
-                &secs,
-            ]),
+            Command::new(&bin)
+                .args([
+                    "ping-pong",
+                    "-i",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-m",
+                    &size,
+                    "-t",
+                    &secs,
+                ])
+                .args(nonblocked),
         )?;
         let limit = Duration::from_secs(w.seconds) + SLACK;
         let (status, out, err) = client.wait_output(limit, "finish its test")?;

@@ -22,7 +22,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::engine::{flow_header, join, recv_some, spawn_worker, watch, Meter, Observer, Sample};
 use crate::gen::Stop;
 use crate::hist::LatencyHistogram;
-use crate::stacks::Endpoints;
+use crate::stacks::{open_stack, Endpoints};
 use crate::stamp::Stamp;
 use crate::BenchError;
 
@@ -116,6 +116,34 @@ pub fn check(stack: &dyn Stack, cfg: &RttConfig) -> Result<(), BenchError> {
         Stop::Count(0) => Err(BenchError::Config("count must be at least 1".into())),
         _ => Ok(()),
     }
+}
+
+/// How long a busy-polling UDP receive spins before it sleeps in epoll:
+/// long beside a round trip on loopback (~5 us), short beside a human.
+pub const UDP_SPIN: Duration = Duration::from_micros(200);
+
+/// The stack called `name` for a round-trip run. The UDP stacks get their
+/// latency configuration: no GRO (a receive with GRO on costs ~0.4 us more
+/// per round trip on loopback here, for batching a ping-pong never has),
+/// and with `busy_poll` they spin on their sockets
+/// ([`UdpConfig::busy_poll`]), as a busy-polling peer spins on its own.
+/// Other stacks as [`open_stack`] gives them (with `busy_poll` the run's
+/// receive loop spins over their links).
+///
+/// [`UdpConfig::busy_poll`]: uniplane_stacks::udp::UdpConfig::busy_poll
+pub fn open_rtt_stack(name: &str, busy_poll: bool) -> Result<Arc<dyn Stack>, BenchError> {
+    use uniplane_stacks::udp::{UdpConfig, UdpStack};
+    let pack = match name {
+        "udp" => true,
+        "udp-unpacked" => false,
+        _ => return open_stack(name),
+    };
+    Ok(Arc::new(UdpStack::with_config(UdpConfig {
+        pack,
+        gro: false,
+        busy_poll: busy_poll.then_some(UDP_SPIN),
+        ..UdpConfig::default()
+    })))
 }
 
 /// Runs the ping-pong over `stack`: the echo side listens at `at.listen`,

@@ -51,6 +51,7 @@ fn iperf3_runs_on_loopback_and_reports_a_rate() {
         .run(&Workload {
             size: 64,
             seconds: 1,
+            busy_poll: false,
         })
         .unwrap();
     assert!(f.value > 0.0, "{f:?}");
@@ -88,4 +89,52 @@ fn the_peer_command_reports_both_sides_and_the_ratio() {
     // mem against kernel UDP is said to be a different transport.
     assert_eq!(at(&v, "results.like_for_like").as_bool(), Some(false));
     assert!(string(&v, "results.note").contains("different transports"));
+}
+
+#[test]
+fn sockperf_round_trips_compare_like_with_like_blocking_and_busy() {
+    if !tool_available("sockperf", "sockperf") {
+        return;
+    }
+    for busy in [false, true] {
+        let mut args = vec![
+            "peer",
+            "--tool",
+            "sockperf",
+            "--stack",
+            "udp-unpacked",
+            "--seconds",
+            "1",
+            "--rounds",
+            "1",
+            "--json",
+        ];
+        if busy {
+            args.push("--busy-poll");
+        }
+        let v = last_json(&bench(&args));
+        assert_eq!(string(&v, "results.metric"), "rtt_p50_ns");
+        assert_eq!(at(&v, "params.busy_poll").as_bool(), Some(busy));
+        assert_eq!(at(&v, "results.like_for_like").as_bool(), Some(true));
+        let commands = at(&v, "params.peer_commands").as_array().unwrap();
+        assert_eq!(commands.len(), 2);
+        for c in commands {
+            let c = c.as_str().unwrap();
+            assert_eq!(c.contains("--nonblocked"), busy, "{c}");
+        }
+        let ours = number(&v, "results.ours");
+        let peer = number(&v, "results.peer");
+        // Round trips on loopback: positive and below the 200 ms timeout.
+        assert!(ours > 0.0 && ours < 2e8, "{ours}");
+        assert!(peer > 0.0 && peer < 2e8, "{peer}");
+        assert!(!at(&v, "results.higher_is_better").as_bool().unwrap());
+    }
+}
+
+#[test]
+fn busy_polling_is_refused_for_throughput_peers() {
+    let out = bench(&["peer", "--tool", "iperf3", "--busy-poll"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--tool sockperf"), "{err}");
 }
