@@ -166,6 +166,36 @@ impl GenRun {
     pub fn tx_mbps_l2(&self) -> f64 {
         per_s(self.tx_bytes as f64 * 8.0 / 1e6, self.tx_seconds)
     }
+
+    /// Goodput: overlay payload bytes received per second (the overlay
+    /// headers left out), in Gbit/s.
+    pub fn goodput_gbps(&self) -> f64 {
+        let payload = self
+            .rx_bytes
+            .saturating_sub(self.received * HEADER_LEN as u64);
+        per_s(payload as f64 * 8.0 / 1e9, self.rx_seconds)
+    }
+}
+
+/// The stack `gen --loss` injects loss into.
+pub const LOSS_STACK: &str = "ltl";
+
+/// The drop probability (0.0–1.0) of `gen --loss PERCENT` over stack
+/// `stack`, or why the combination is refused: loss is injected by the
+/// ltl stack's own ports, so no other stack takes it, and a percentage
+/// lies within 0 to 100.
+pub fn loss_probability(stack: &str, percent: f64) -> Result<f64, BenchError> {
+    if stack != LOSS_STACK {
+        return Err(BenchError::Config(format!(
+            "--loss works only with --stack {LOSS_STACK} (it injects loss into LTL's ports), not with --stack {stack}"
+        )));
+    }
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(BenchError::Config(format!(
+            "--loss is a percentage from 0 to 100, not {percent}"
+        )));
+    }
+    Ok(percent / 100.0)
 }
 
 /// Checks `cfg` against `stack` before anything starts.

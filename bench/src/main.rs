@@ -17,16 +17,17 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use uniplane_bench::args::{parse_size, Pattern, Rate, SizeSweep};
 use uniplane_bench::engine::{Observer, Progress, Sample, L1_OVERHEAD, THREADING};
-use uniplane_bench::gen::{run_gen, GenConfig, GenRun, Stop};
+use uniplane_bench::gen::{loss_probability, run_gen, GenConfig, GenRun, Stop};
 use uniplane_bench::hist::Percentiles;
 use uniplane_bench::peer::{self, Iperf3Udp, Peer, Round, Workload};
 use uniplane_bench::plot::{self, Chart};
 use uniplane_bench::report::{
-    GenParams, GenResults, PerSecond, Report, RttParams, RttResults, SIZE_COUNTS,
+    GenParams, GenResults, LtlSenderCounters, LtlSenderPhases, PerSecond, Report, RttParams,
+    RttResults, SIZE_COUNTS,
 };
 use uniplane_bench::rtt::{open_rtt_stack, run_rtt, RttConfig};
 use uniplane_bench::sizes::SizeMix;
-use uniplane_bench::stacks::{default_endpoints, open_stack, Endpoints};
+use uniplane_bench::stacks::{default_endpoints, open_lossy_ltl, open_stack, Endpoints};
 use uniplane_bench::BenchError;
 use uniplane_dataplane::wire::HEADER_LEN;
 use uniplane_dataplane::Locator;
@@ -217,6 +218,12 @@ struct GenArgs {
     /// Which chart.
     #[arg(long, value_enum, default_value = "auto")]
     plot_kind: PlotKind,
+    /// Loss in percent (0 to 100; --stack ltl only): each LTL endpoint
+    /// drops that share of the datagrams it receives. The run then measures
+    /// twice, without loss and with it, each phase on a fresh stack, and
+    /// reports goodput with loss ÷ goodput without. --seed seeds the drops.
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "sizes")]
+    loss: Option<f64>,
 }
 
 #[derive(Args)]
@@ -395,6 +402,41 @@ fn print_per_second(p: &PerSecond, rate_word: &str) {
     );
 }
 
+/// The lines `gen --loss` adds: goodput in both phases, and what the
+/// sender paid for repairs.
+fn print_loss_comparison(
+    percent: f64,
+    without: &GenRun,
+    with: &GenResults,
+    senders: &LtlSenderPhases,
+) {
+    let ratio = with
+        .goodput_vs_lossless
+        .map_or("n/a (nothing received without loss)".to_owned(), |r| {
+            format!("{r:.3}")
+        });
+    println!(
+        "  goodput (payload): lossless {:.3} Gbit/s ({:.3} Mpps), loss {percent}% {:.3} Gbit/s ({:.3} Mpps): {ratio} of lossless",
+        without.goodput_gbps(),
+        without.pps() / 1e6,
+        with.goodput_gbps.unwrap_or(0.0),
+        with.pps / 1e6,
+    );
+    for (phase, c) in [("lossless", &senders.lossless), ("lossy", &senders.lossy)] {
+        println!(
+            "  ltl sender, {phase:<8}: {} frames sent, {} again (fast {}, probe {}, timeout {}), {} received, {} timeouts, blocked {:.3} s",
+            c.tx_frames,
+            c.retransmits,
+            c.fast_retransmits,
+            c.probe_retransmits,
+            c.timeout_retransmits,
+            c.rx_frames,
+            c.timeouts,
+            c.blocked_micros as f64 / 1e6
+        );
+    }
+}
+
 fn emit<P: Serialize, R: Serialize>(json: bool, report: &Report<P, R>) -> Result<(), BenchError> {
     if json {
         println!("{}", report.to_json_line()?);
@@ -403,6 +445,10 @@ fn emit<P: Serialize, R: Serialize>(json: bool, report: &Report<P, R>) -> Result
 }
 
 fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
+    let loss = a
+        .loss
+        .map(|percent| loss_probability(&a.at.stack, percent))
+        .transpose()?;
     let stack = open_stack(&a.at.stack)?;
     let mixes: Vec<SizeMix> = if a.imix {
         vec![SizeMix::imix()]
@@ -432,19 +478,49 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
             },
         )?;
     }
+    let label_of = |mix: &SizeMix| {
+        if mix.label() == "imix" {
+            "imix".to_owned()
+        } else {
+            format!("{} B", mix.label())
+        }
+    };
     let mut at_used = None;
     let mut runs: Vec<(String, GenRun)> = Vec::new();
-    for mix in &mixes {
+    let mut lossless: Option<(GenRun, LtlSenderPhases)> = None;
+    if let (Some(p), Some(mix)) = (loss, mixes.first()) {
+        // Two phases of the same run, each on a fresh stack: without loss,
+        // then with it.
+        let cfg = GenConfig {
+            sizes: mix.clone(),
+            ..base.clone()
+        };
+        let phase = |p: f64, tag: &str| -> Result<_, BenchError> {
+            let stack = open_lossy_ltl(p, a.seed)?;
+            let at = a.at.endpoints()?;
+            let mut live = Live::new(format!("{} {tag}", label_of(mix)), cli.quiet);
+            let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
+            let sender = LtlSenderCounters::from(stack.client_stats().unwrap_or_default());
+            Ok((run, sender, at))
+        };
+        let (without, sender_without, _) = phase(0.0, "lossless")?;
+        let tag = format!("loss {}%", a.loss.unwrap_or_default());
+        let (with, sender_with, at) = phase(p, &tag)?;
+        at_used = Some(at);
+        runs.push((mix.label().to_owned(), with));
+        let senders = LtlSenderPhases {
+            lossless: sender_without,
+            lossy: sender_with,
+        };
+        lossless = Some((without, senders));
+    }
+    for mix in mixes.iter().filter(|_| loss.is_none()) {
         let at = a.at.endpoints()?;
         let cfg = GenConfig {
             sizes: mix.clone(),
             ..base.clone()
         };
-        let label = if mix.label() == "imix" {
-            "imix".to_owned()
-        } else {
-            format!("{} B", mix.label())
-        };
+        let label = label_of(mix);
         let mut live = Live::new(label.clone(), cli.quiet);
         let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
         drop(live);
@@ -462,7 +538,12 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
         at_used.get_or_insert(at);
         runs.push((mix.label().to_owned(), run));
     }
-    let results = GenResults::from_runs(&runs);
+    let results = match (&lossless, runs.first()) {
+        (Some((without, senders)), Some(with)) => {
+            GenResults::of_loss_comparison(without, with, Some(*senders))
+        }
+        _ => GenResults::from_runs(&runs),
+    };
     let at = at_used.unwrap_or(Endpoints {
         listen: Locator::Name("-".into()),
         connect: Locator::Name("-".into()),
@@ -497,6 +578,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
         busy_poll: a.busy_poll,
         threads: THREADING,
         l1_overhead_bytes: L1_OVERHEAD,
+        loss: a.loss,
     };
 
     println!(
@@ -507,6 +589,11 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
         a.pattern,
         a.flows
     );
+    if let Some(p) = a.loss {
+        println!(
+            "  loss {p}% of the datagrams each LTL endpoint receives; the figures below are of that phase, after a lossless one on a fresh stack"
+        );
+    }
     println!(
         "  {:.3} s measured: sent {}, received {}, lost {}, reordered {}, bad stamps {}, errors {}",
         results.seconds,
@@ -526,6 +613,9 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
     );
     print_per_second(&results.per_second, "Mpps");
     print_percentiles("one-way", &results.latency_ns);
+    if let (Some((without, senders)), Some(p)) = (&lossless, a.loss) {
+        print_loss_comparison(p, without, &results, senders);
+    }
     println!("  ({THREADING})");
 
     if let Some(path) = &a.plot {

@@ -9,6 +9,7 @@
 //! they stay stable. New fields may be added; none is renamed or removed.
 
 use serde::Serialize;
+use uniplane_stacks::ltl::LtlStats;
 
 use crate::engine::Sample;
 use crate::gen::GenRun;
@@ -167,6 +168,10 @@ pub struct GenParams {
     pub threads: &'static str,
     /// Bytes added per message for L1 figures.
     pub l1_overhead_bytes: u64,
+    /// `--loss`: percent of the datagrams each LTL endpoint received that
+    /// it dropped in the lossy phase (absent without `--loss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
 }
 
 /// What a payload size counts, as reports state it.
@@ -228,6 +233,71 @@ pub struct GenResults {
     /// Each size of a sweep.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sweep: Option<Vec<SweepPoint>>,
+    /// `--loss`: overlay payload Gbit/s received in the lossy phase, which
+    /// the other figures describe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput_gbps: Option<f64>,
+    /// `--loss`: overlay payload Gbit/s received in the lossless phase of
+    /// the same invocation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lossless_goodput_gbps: Option<f64>,
+    /// `--loss`: received messages per second in the lossless phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lossless_pps: Option<f64>,
+    /// `--loss`: `goodput_gbps` ÷ `lossless_goodput_gbps` (absent if the
+    /// lossless phase received nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput_vs_lossless: Option<f64>,
+    /// `--loss`: the sending LTL endpoint's counters in each phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ltl_sender: Option<LtlSenderPhases>,
+}
+
+/// Counters of the sending LTL endpoint over one phase of `gen --loss`:
+/// what the goodput paid for repairs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LtlSenderCounters {
+    /// Frames sent: data, retransmissions and control.
+    pub tx_frames: u64,
+    /// Frames received: acknowledgements and NACKs.
+    pub rx_frames: u64,
+    /// Frames sent again, for any reason (the sum of the next three).
+    pub retransmits: u64,
+    /// Sent again because an ACK or NACK showed a gap.
+    pub fast_retransmits: u64,
+    /// Sent again as tail-loss probes.
+    pub probe_retransmits: u64,
+    /// Sent again after a retransmission timeout.
+    pub timeout_retransmits: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// Microseconds the connection had data queued but no credit or
+    /// window to send it (waiting for repairs and acknowledgements).
+    pub blocked_micros: u64,
+}
+
+impl From<LtlStats> for LtlSenderCounters {
+    fn from(s: LtlStats) -> Self {
+        LtlSenderCounters {
+            tx_frames: s.tx_frames,
+            rx_frames: s.rx_frames,
+            retransmits: s.fast_retransmits + s.probe_retransmits + s.timeout_retransmits,
+            fast_retransmits: s.fast_retransmits,
+            probe_retransmits: s.probe_retransmits,
+            timeout_retransmits: s.timeout_retransmits,
+            timeouts: s.timeouts,
+            blocked_micros: s.blocked_micros,
+        }
+    }
+}
+
+/// The sending LTL endpoint's counters in both phases of `gen --loss`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LtlSenderPhases {
+    /// Without loss.
+    pub lossless: LtlSenderCounters,
+    /// With loss.
+    pub lossy: LtlSenderCounters,
 }
 
 impl GenResults {
@@ -279,6 +349,29 @@ impl GenResults {
             latency_ns: latency.percentiles(),
             per_second: PerSecond::of(&samples),
             sweep,
+            goodput_gbps: None,
+            lossless_goodput_gbps: None,
+            lossless_pps: None,
+            goodput_vs_lossless: None,
+            ltl_sender: None,
+        }
+    }
+
+    /// Results of `gen --loss`: the figures of the `lossy` run, with its
+    /// goodput beside that of the `lossless` run of the same invocation.
+    pub fn of_loss_comparison(
+        lossless: &GenRun,
+        lossy: &(String, GenRun),
+        ltl_sender: Option<LtlSenderPhases>,
+    ) -> Self {
+        let (with, without) = (lossy.1.goodput_gbps(), lossless.goodput_gbps());
+        GenResults {
+            goodput_gbps: Some(with),
+            lossless_goodput_gbps: Some(without),
+            lossless_pps: Some(lossless.pps()),
+            goodput_vs_lossless: (without > 0.0).then(|| with / without),
+            ltl_sender,
+            ..GenResults::from_runs(std::slice::from_ref(lossy))
         }
     }
 }
@@ -376,5 +469,59 @@ mod tests {
         assert!(GenResults::from_runs(&[("64".into(), run(1))])
             .sweep
             .is_none());
+    }
+
+    fn payload_run(received: u64, payload: u64) -> GenRun {
+        GenRun {
+            sent: received,
+            received,
+            rx_bytes: received * (32 + payload),
+            tx_bytes: received * (32 + payload),
+            rx_seconds: 1.0,
+            tx_seconds: 1.0,
+            ..GenRun::default()
+        }
+    }
+
+    #[test]
+    fn goodput_counts_payload_bytes_only() {
+        // 1000 messages of 1000 payload bytes in one second: 8 Mbit/s.
+        assert_eq!(payload_run(1000, 1000).goodput_gbps(), 0.008);
+    }
+
+    #[test]
+    fn a_loss_comparison_divides_lossy_by_lossless_goodput() {
+        let r = GenResults::of_loss_comparison(
+            &payload_run(1000, 1000),
+            &("1000".into(), payload_run(900, 1000)),
+            None,
+        );
+        assert_eq!(r.received, 900);
+        assert!((r.goodput_vs_lossless.unwrap() - 0.9).abs() < 1e-12);
+        assert_eq!(r.lossless_pps, Some(1000.0));
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v["goodput_vs_lossless"].is_number());
+        assert!(v.get("ltl_sender").is_none());
+        let nothing = GenResults::of_loss_comparison(
+            &payload_run(0, 1000),
+            &("1000".into(), payload_run(900, 1000)),
+            None,
+        );
+        assert_eq!(nothing.goodput_vs_lossless, None);
+    }
+
+    #[test]
+    fn runs_without_loss_report_none_of_its_keys() {
+        let v = serde_json::to_value(GenResults::from_runs(&[("64".into(), payload_run(1, 64))]))
+            .unwrap();
+        for k in [
+            "goodput_gbps",
+            "lossless_goodput_gbps",
+            "lossless_pps",
+            "goodput_vs_lossless",
+            "ltl_sender",
+        ] {
+            assert!(v.get(k).is_none(), "{k}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use uniplane_dataplane::{Locator, Stack};
+use uniplane_stacks::ltl::LtlStack;
 use uniplane_stacks::udp::{UdpConfig, UdpStack};
 
 use crate::BenchError;
@@ -39,6 +40,16 @@ pub fn open_stack(name: &str) -> Result<Arc<dyn Stack>, BenchError> {
         name: name.to_owned(),
         known: stack_names().join(", "),
     })
+}
+
+/// A new `ltl` stack whose endpoints drop each datagram they receive with
+/// probability `loss` (0.0–1.0; none at 0), their drop decisions seeded
+/// from `seed`: the stack `gen --loss` measures.
+pub fn open_lossy_ltl(loss: f64, seed: u64) -> Result<Arc<LtlStack>, BenchError> {
+    let stack = LtlStack::new()
+        .with_receive_loss(loss, seed)
+        .map_err(|e| BenchError::Config(e.to_string()))?;
+    Ok(Arc::new(stack))
 }
 
 /// Where a run listens and where it connects.
@@ -94,6 +105,13 @@ mod tests {
         for name in stack_names() {
             assert!(open_stack(name).is_ok(), "{name}");
         }
+    }
+
+    #[test]
+    fn a_lossy_ltl_stack_takes_a_probability_only() {
+        assert_eq!(open_lossy_ltl(0.01, 1).unwrap().receive_loss(), 0.01);
+        assert_eq!(open_lossy_ltl(0.0, 1).unwrap().receive_loss(), 0.0);
+        assert!(matches!(open_lossy_ltl(1.5, 1), Err(BenchError::Config(_))));
     }
 
     #[test]
