@@ -8,6 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -56,6 +57,9 @@ struct Inner<A> {
 struct Shared<A> {
     inner: Mutex<Inner<A>>,
     driver: AtomicWaker,
+    /// Cleared when the driver task ends or its runtime drops it: nothing
+    /// moves on this endpoint any more.
+    driver_alive: AtomicBool,
     max_message: usize,
 }
 
@@ -106,6 +110,9 @@ impl<A: Addr> LtlHandle<A> {
             let mut g = link.shared.lock();
             if g.endpoint.is_established(id) {
                 return Poll::Ready(Ok(()));
+            }
+            if !link.shared.driver_alive.load(Ordering::Acquire) {
+                return Poll::Ready(Err(StackError::Shutdown));
             }
             if let Recv::Failed(e) = g.endpoint.recv(id) {
                 return Poll::Ready(Err(match e {
@@ -160,6 +167,7 @@ pub fn spawn_endpoint<P: DatagramPort>(
             handles: 1,
         }),
         driver: AtomicWaker::new(),
+        driver_alive: AtomicBool::new(true),
     });
     let driver = Driver {
         port,
@@ -297,6 +305,23 @@ impl<P: DatagramPort> Future for Driver<P> {
         // Still busy: let other tasks run, then go on.
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+impl<P: DatagramPort> Drop for Driver<P> {
+    fn drop(&mut self) {
+        self.shared.driver_alive.store(false, Ordering::Release);
+        // Whoever waits for this endpoint (a connect in progress) looks
+        // again and finds it gone.
+        let mut g = self.shared.lock();
+        let inner = &mut *g;
+        let mut wake: Vec<Waker> = inner.accept.take().into_iter().collect();
+        for w in inner.wakers.values_mut() {
+            wake.extend(w.rx.take());
+            wake.extend(w.tx.take());
+        }
+        drop(g);
+        wake.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -669,12 +694,18 @@ impl LtlStack {
         })
     }
 
-    /// Opens a connection from the stack's client endpoint.
+    /// Opens a connection from the stack's client endpoint (bound at the
+    /// first connect, and again when the runtime that ran it has ended).
     pub async fn connect_link(&self, peer: &Locator) -> Result<LtlLink<SocketAddr>, StackError> {
         let addr = Self::socket_addr(peer)?;
         let handle = {
             let mut client = self.client.lock().unwrap_or_else(|e| e.into_inner());
-            if client.is_none() {
+            // The client endpoint runs on the runtime that first connected;
+            // once that runtime is gone, a new one serves this runtime.
+            let gone = client
+                .as_ref()
+                .is_some_and(|h| !h.shared.driver_alive.load(Ordering::Acquire));
+            if client.is_none() || gone {
                 let any = match addr {
                     SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                     SocketAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
@@ -807,5 +838,35 @@ mod tests {
         let s = stack.client_stats().unwrap();
         let repaired = s.fast_retransmits + s.probe_retransmits + s.timeout_retransmits;
         assert!(repaired > 0, "5 % loss and nothing sent again: {s:?}");
+    }
+
+    #[test]
+    fn a_stack_connects_again_from_a_new_runtime_after_the_first_ended() {
+        let stack = LtlStack::new();
+        let round = |stack: &LtlStack| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (addr, mut listener) =
+                    stack.listen_now(&"127.0.0.1:0".parse().unwrap()).unwrap();
+                let peer = Locator::Socket(addr);
+                let connect = stack.connect_link(&peer);
+                let mut client = tokio::time::timeout(Duration::from_secs(5), connect)
+                    .await
+                    .expect("connects")
+                    .unwrap();
+                let mut server = listener.next().await.unwrap().unwrap();
+                futures_util::SinkExt::send(&mut client, msg(1))
+                    .await
+                    .unwrap();
+                let got = tokio::time::timeout(Duration::from_secs(5), server.next()).await;
+                assert_eq!(got.unwrap().unwrap().unwrap().header().seqnum, 1);
+            });
+        };
+        round(&stack);
+        // The first runtime and the client endpoint's driver on it are gone.
+        round(&stack);
     }
 }
