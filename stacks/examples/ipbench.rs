@@ -20,16 +20,14 @@
 //! reference harness; this is the measurement behind docs/stacks-ip.md.
 
 use std::collections::VecDeque;
-use std::io;
-use std::net::SocketAddr;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use std::future::Future;
-use uniplane_dataplane::{LinkExt, Locator, Message, SplitMix64, Uid};
-use uniplane_stacks::datagram::{Datagram, DatagramPort, PortStats, TxBatch};
+use uniplane_dataplane::{LinkExt, Locator, Message, Uid};
+use uniplane_stacks::datagram::fault::LossyPort;
 use uniplane_stacks::ltl::{spawn_endpoint, LtlConfig, LtlStats};
 use uniplane_stacks::tcp::TcpStack;
 use uniplane_stacks::udp::{Backend, UdpConfig, UdpPort, UdpStack};
@@ -189,63 +187,14 @@ fn udp_rtt_p50(cfg: UdpConfig, rounds: usize) -> Duration {
     rtts.get(rtts.len() / 2).copied().unwrap_or(Duration::MAX)
 }
 
-/// A port that drops a share of what it receives: loss for LTL.
-struct Lossy {
-    inner: UdpPort,
-    rng: SplitMix64,
-    loss: f64,
-}
-
-impl DatagramPort for Lossy {
-    type Addr = SocketAddr;
-    fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr()
-    }
-    fn max_datagram_size(&self) -> usize {
-        self.inner.max_datagram_size()
-    }
-    fn poll_recv(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Datagram<SocketAddr>>,
-        max: usize,
-    ) -> Poll<io::Result<usize>> {
-        let start = out.len();
-        let r = self.inner.poll_recv(cx, out, max);
-        if let Poll::Ready(Ok(_)) = r {
-            let mut kept = start;
-            for i in start..out.len() {
-                if !self.rng.chance(self.loss) {
-                    out.swap(kept, i);
-                    kept += 1;
-                }
-            }
-            out.truncate(kept);
-            return Poll::Ready(Ok(kept - start));
-        }
-        r
-    }
-    fn poll_send(
-        &mut self,
-        cx: &mut Context<'_>,
-        b: &mut TxBatch<SocketAddr>,
-    ) -> Poll<io::Result<()>> {
-        self.inner.poll_send(cx, b)
-    }
-    fn stats(&self) -> PortStats {
-        self.inner.stats()
-    }
-}
-
 async fn ltl_goodput(loss: f64) -> (f64, LtlStats) {
     let udp = UdpConfig {
         pack: false,
         ..UdpConfig::default()
     };
-    let lossy = |seed| Lossy {
-        inner: UdpPort::bind("127.0.0.1:0".parse().unwrap(), &udp).unwrap(),
-        rng: SplitMix64::new(seed),
-        loss,
+    let lossy = |seed| {
+        let port = UdpPort::bind("127.0.0.1:0".parse().unwrap(), &udp).unwrap();
+        LossyPort::new(port, loss, seed).unwrap()
     };
     let cfg = LtlConfig::default();
     let server = spawn_endpoint(lossy(1), cfg.clone(), 11);
