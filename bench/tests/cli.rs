@@ -108,13 +108,6 @@ fn a_paced_run_with_flows_and_a_pattern_completes() {
     }
 }
 
-fn fails_with(args: &[&str], needle: &str) {
-    let out = bench(args);
-    assert!(!out.status.success(), "{args:?} should fail");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(needle), "{args:?}: `{needle}` not in:\n{err}");
-}
-
 #[test]
 fn bad_arguments_fail_with_clear_errors() {
     fails_with(&["gen", "--size", "8"], "generator stamp");

@@ -62,13 +62,6 @@ fn gen_without_loss_has_none_of_its_keys() {
     }
 }
 
-fn fails_with(args: &[&str], needle: &str) {
-    let out = bench(args);
-    assert!(!out.status.success(), "{args:?} should fail");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(needle), "{args:?}: `{needle}` not in:\n{err}");
-}
-
 #[test]
 fn loss_is_refused_on_other_stacks_and_outside_zero_to_one_hundred() {
     for stack in ["mem", "udp", "tcp"] {

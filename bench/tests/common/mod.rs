@@ -14,6 +14,14 @@ pub fn bench(args: &[&str]) -> Output {
         .expect("the uniplane-bench binary runs")
 }
 
+/// Runs the binary with `args`, which must fail with `needle` on stderr.
+pub fn fails_with(args: &[&str], needle: &str) {
+    let out = bench(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in:\n{err}");
+}
+
 /// The JSON document on the last line of stdout of a successful run.
 pub fn last_json(out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
