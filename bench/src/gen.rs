@@ -45,6 +45,15 @@ pub enum Stop {
 }
 
 impl Stop {
+    /// The two halves of this stop, in order (a count's odd message goes
+    /// to the second): for a run measured in two parts.
+    pub fn halves(&self) -> [Stop; 2] {
+        match *self {
+            Stop::Seconds(s) => [Stop::Seconds(s / 2.0), Stop::Seconds(s / 2.0)],
+            Stop::Count(n) => [Stop::Count(n / 2), Stop::Count(n - n / 2)],
+        }
+    }
+
     /// (planned seconds, planned count), for progress indicators.
     pub fn plan(&self) -> (Option<f64>, Option<u64>) {
         match *self {
@@ -139,6 +148,24 @@ fn per_s(n: f64, s: f64) -> f64 {
 }
 
 impl GenRun {
+    /// Adds the counts, times, latencies and samples of `other`, measured
+    /// after this run, as one run over both.
+    pub fn absorb(&mut self, other: &GenRun) {
+        self.sent += other.sent;
+        self.received += other.received;
+        self.lost += other.lost;
+        self.reordered += other.reordered;
+        self.bad_stamps += other.bad_stamps;
+        self.errors += other.errors;
+        self.tx_bytes += other.tx_bytes;
+        self.rx_bytes += other.rx_bytes;
+        self.tx_seconds += other.tx_seconds;
+        self.rx_seconds += other.rx_seconds;
+        self.warmup_sent += other.warmup_sent;
+        self.latency.merge(&other.latency);
+        self.samples.extend(other.samples.iter().cloned());
+    }
+
     /// Messages received per second.
     pub fn pps(&self) -> f64 {
         per_s(self.received as f64, self.rx_seconds)
@@ -593,6 +620,41 @@ mod tests {
     use super::*;
     use crate::engine::Quiet;
     use crate::stacks::{default_endpoints, open_stack};
+
+    #[test]
+    fn halves_of_a_stop_add_up_to_it() {
+        assert_eq!(
+            Stop::Seconds(3.0).halves(),
+            [Stop::Seconds(1.5), Stop::Seconds(1.5)]
+        );
+        assert_eq!(Stop::Count(5).halves(), [Stop::Count(2), Stop::Count(3)]);
+        assert_eq!(Stop::Count(0).halves(), [Stop::Count(0), Stop::Count(0)]);
+    }
+
+    #[test]
+    fn two_absorbed_runs_are_one_run_over_both() {
+        let mut a = GenRun {
+            sent: 10,
+            received: 8,
+            rx_bytes: 800,
+            rx_seconds: 1.0,
+            ..GenRun::default()
+        };
+        a.latency.record(1_000);
+        let mut b = GenRun {
+            sent: 30,
+            received: 24,
+            rx_bytes: 2_400,
+            rx_seconds: 3.0,
+            ..GenRun::default()
+        };
+        b.latency.record(9_000);
+        a.absorb(&b);
+        assert_eq!((a.sent, a.received, a.rx_bytes), (40, 32, 3_200));
+        // 32 messages over 4 s, not the mean of two rates.
+        assert_eq!(a.pps(), 8.0);
+        assert_eq!(a.latency.len(), 2);
+    }
 
     fn run(cfg: GenConfig) -> GenRun {
         let stack = open_stack("mem").unwrap();

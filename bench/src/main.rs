@@ -220,8 +220,9 @@ struct GenArgs {
     plot_kind: PlotKind,
     /// Loss in percent (0 to 100; --stack ltl only): each LTL endpoint
     /// drops that share of the datagrams it receives. The run then measures
-    /// twice, without loss and with it, each phase on a fresh stack, and
-    /// reports goodput with loss ÷ goodput without. --seed seeds the drops.
+    /// in four phases of half its length, each on a fresh stack: without
+    /// loss, with, with, without; and reports goodput with loss ÷ goodput
+    /// without. --seed seeds the drops.
     #[arg(long, allow_negative_numbers = true, conflicts_with = "sizes")]
     loss: Option<f64>,
 }
@@ -489,29 +490,42 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
     let mut runs: Vec<(String, GenRun)> = Vec::new();
     let mut lossless: Option<(GenRun, LtlSenderPhases)> = None;
     if let (Some(p), Some(mix)) = (loss, mixes.first()) {
-        // Two phases of the same run, each on a fresh stack: without loss,
-        // then with it.
-        let cfg = GenConfig {
-            sizes: mix.clone(),
-            ..base.clone()
-        };
-        let phase = |p: f64, tag: &str| -> Result<_, BenchError> {
-            let stack = open_lossy_ltl(p, a.seed)?;
+        // Four phases, each on a fresh stack and half the run long:
+        // without loss, with, with, without (A B B A), so that whatever
+        // drifts over the invocation (the machine's load, the first run's
+        // warm-up) weighs on both sides alike. Each side is the sum of its
+        // two halves.
+        let lossy_tag = format!("loss {}%", a.loss.unwrap_or_default());
+        let halves = base.stop.halves();
+        let mut without = GenRun::default();
+        let mut with = GenRun::default();
+        let mut senders = LtlSenderPhases::default();
+        for (i, lossy) in [false, true, true, false].into_iter().enumerate() {
+            let cfg = GenConfig {
+                sizes: mix.clone(),
+                stop: halves[i / 2],
+                ..base.clone()
+            };
+            let stack = open_lossy_ltl(if lossy { p } else { 0.0 }, a.seed)?;
             let at = a.at.endpoints()?;
+            let tag = if lossy {
+                lossy_tag.as_str()
+            } else {
+                "lossless"
+            };
             let mut live = Live::new(format!("{} {tag}", label_of(mix)), cli.quiet);
             let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
             let sender = LtlSenderCounters::from(stack.client_stats().unwrap_or_default());
-            Ok((run, sender, at))
-        };
-        let (without, sender_without, _) = phase(0.0, "lossless")?;
-        let tag = format!("loss {}%", a.loss.unwrap_or_default());
-        let (with, sender_with, at) = phase(p, &tag)?;
-        at_used = Some(at);
+            if lossy {
+                with.absorb(&run);
+                senders.lossy += sender;
+            } else {
+                without.absorb(&run);
+                senders.lossless += sender;
+            }
+            at_used = Some(at);
+        }
         runs.push((mix.label().to_owned(), with));
-        let senders = LtlSenderPhases {
-            lossless: sender_without,
-            lossy: sender_with,
-        };
         lossless = Some((without, senders));
     }
     for mix in mixes.iter().filter(|_| loss.is_none()) {
@@ -591,7 +605,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
     );
     if let Some(p) = a.loss {
         println!(
-            "  loss {p}% of the datagrams each LTL endpoint receives; the figures below are of that phase, after a lossless one on a fresh stack"
+            "  loss {p}% of the datagrams each LTL endpoint receives; the figures below are of the lossy phases, run between two lossless ones (A B B A, each half the run, each on a fresh stack)"
         );
     }
     println!(

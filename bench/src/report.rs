@@ -13,7 +13,7 @@ use uniplane_stacks::ltl::LtlStats;
 
 use crate::engine::Sample;
 use crate::gen::GenRun;
-use crate::hist::{LatencyHistogram, Percentiles, Summary};
+use crate::hist::{Percentiles, Summary};
 
 /// The machine a run happened on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -276,6 +276,19 @@ pub struct LtlSenderCounters {
     pub blocked_micros: u64,
 }
 
+impl std::ops::AddAssign for LtlSenderCounters {
+    fn add_assign(&mut self, o: Self) {
+        self.tx_frames += o.tx_frames;
+        self.rx_frames += o.rx_frames;
+        self.retransmits += o.retransmits;
+        self.fast_retransmits += o.fast_retransmits;
+        self.probe_retransmits += o.probe_retransmits;
+        self.timeout_retransmits += o.timeout_retransmits;
+        self.timeouts += o.timeouts;
+        self.blocked_micros += o.blocked_micros;
+    }
+}
+
 impl From<LtlStats> for LtlSenderCounters {
     fn from(s: LtlStats) -> Self {
         LtlSenderCounters {
@@ -304,22 +317,10 @@ impl GenResults {
     /// Results of runs labelled by size; more than one run is a sweep.
     pub fn from_runs(runs: &[(String, GenRun)]) -> Self {
         let mut total = GenRun::default();
-        let mut latency = LatencyHistogram::new();
-        let mut samples = Vec::new();
         for (_, r) in runs {
-            total.sent += r.sent;
-            total.received += r.received;
-            total.lost += r.lost;
-            total.reordered += r.reordered;
-            total.bad_stamps += r.bad_stamps;
-            total.errors += r.errors;
-            total.tx_bytes += r.tx_bytes;
-            total.rx_bytes += r.rx_bytes;
-            total.tx_seconds += r.tx_seconds;
-            total.rx_seconds += r.rx_seconds;
-            latency.merge(&r.latency);
-            samples.extend(r.samples.iter().cloned());
+            total.absorb(r);
         }
+        let (latency, samples) = (&total.latency, &total.samples);
         let sweep = (runs.len() > 1).then(|| {
             runs.iter()
                 .map(|(label, r)| SweepPoint {
@@ -347,7 +348,7 @@ impl GenResults {
             errors: total.errors,
             seconds: total.rx_seconds,
             latency_ns: latency.percentiles(),
-            per_second: PerSecond::of(&samples),
+            per_second: PerSecond::of(samples),
             sweep,
             goodput_gbps: None,
             lossless_goodput_gbps: None,
