@@ -1004,6 +1004,9 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
 }
 
 fn main() -> ExitCode {
+    // Read buffers freed and allocated again must not cost page faults
+    // (see uniplane_stacks::alloc).
+    uniplane_stacks::alloc::retain_freed_memory();
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Gen(a) => gen(&cli, a),

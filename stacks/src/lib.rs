@@ -22,6 +22,7 @@
 
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod datagram;
 pub mod ether;
 pub mod ltl;

@@ -26,6 +26,9 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
+    // Read buffers freed and allocated again must not cost page faults
+    // (see uniplane_stacks::alloc).
+    uniplane_stacks::alloc::retain_freed_memory();
     let args = Args::parse();
     if args.print_default_config {
         print!("{DEFAULT_CONFIG}");
