@@ -769,6 +769,17 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
             )
             .replace("{}", "the same"),
         ),
+        // One request in flight: a packing link has one message to put in
+        // each datagram, as the unpacked one does.
+        "udp" if tool.metric() == peer::Metric::RttP50Ns => (
+            true,
+            format!(
+                "both sides move each payload as one UDP datagram over 127.0.0.1 ({}): with one \
+                 request in flight `udp` has nothing to pack; ours adds the {HEADER_LEN}-byte \
+                 overlay header",
+                tool.transport()
+            ),
+        ),
         "udp" => (
             false,
             "ours packs many messages into each UDP datagram while the peer sends one payload per \

@@ -106,7 +106,9 @@ pub struct UdpConfig {
     /// waits for a wake-up. It saves the reactor's wake-up and task switch
     /// on every datagram at the price of a busy core: for latency-bound
     /// links (best with `gro` off). Listening sockets never spin. `None`
-    /// (the default) waits at once.
+    /// (the default) waits at once. Measured on loopback here, it takes the
+    /// epoll backend's round trip from ~75 to ~4.6 us; io_uring's stays
+    /// near its sleeping figure (its completions come as task work).
     pub busy_poll: Option<std::time::Duration>,
 }
 
