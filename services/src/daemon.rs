@@ -261,16 +261,17 @@ impl Daemon {
         }
         daemon.install_multi_hop_routes()?;
 
-        daemon.listen_stacks().await?;
-        daemon.listen_peers().await?;
-        daemon.listen_control().await?;
-        for (server, p) in daemon
+        // Peers are known before any listener is up: a restarted peer that
+        // reconnects at once must find itself known, not refused.
+        let peers: Vec<_> = daemon
             .shared
             .config
             .peers
             .iter()
             .map(|p| (p.server, p.clone()))
-        {
+            .collect();
+        let servers: Vec<_> = peers.iter().map(|(server, _)| *server).collect();
+        for (server, p) in peers {
             daemon.lock().peers.insert(
                 server,
                 Peer {
@@ -285,6 +286,11 @@ impl Daemon {
                     failures: 0,
                 },
             );
+        }
+        daemon.listen_stacks().await?;
+        daemon.listen_peers().await?;
+        daemon.listen_control().await?;
+        for server in servers {
             tokio::spawn(daemon.clone().peer_loop(server));
         }
         tokio::spawn(daemon.clone().failure_monitor());
