@@ -299,15 +299,63 @@ const READY_WITHIN: Duration = Duration::from_secs(5);
 /// Slack beyond the measured seconds before a tool is killed.
 const SLACK: Duration = Duration::from_secs(15);
 
+/// The executable of `tool`: `configured`, else `tool` on `PATH`.
+fn locate(
+    configured: &Option<PathBuf>,
+    tool: &'static str,
+    package: &'static str,
+) -> Result<PathBuf, PeerError> {
+    configured
+        .clone()
+        .or_else(|| find_tool(tool))
+        .ok_or(PeerError::Missing { tool, package })
+}
+
+/// A TCP and UDP port on 127.0.0.1 that was free a moment ago.
+fn free_port(tool: &'static str) -> Result<u16, PeerError> {
+    crate::stacks::free_tcp_port()
+        .map(|a| a.port())
+        .map_err(|e| PeerError::BadOutput {
+            tool,
+            why: format!("no free port: {e}"),
+        })
+}
+
+/// One measurement of a client-server tool: starts `server`, waits (up to
+/// [`READY_WITHIN`]) for `ready` on its stdout, then runs `client` for the
+/// workload's seconds (killed past them plus [`SLACK`]) and stops the
+/// server. Returns the client's exit status, stdout and stderr.
+fn server_then_client(
+    tool: &'static str,
+    server: &mut Command,
+    ready: &'static str,
+    client: &mut Command,
+    w: &Workload,
+) -> Result<(ExitStatus, String, String), PeerError> {
+    let mut server = ProcessGroup::spawn(tool, server)?;
+    let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
+        tool,
+        why: "server stdout not captured".into(),
+    })?;
+    if !wait_for_line(stdout, ready, READY_WITHIN) {
+        server.kill();
+        return Err(PeerError::Timeout {
+            tool,
+            what: "start its server",
+            secs: READY_WITHIN.as_secs_f64(),
+        });
+    }
+    let client = ProcessGroup::spawn(tool, client)?;
+    let limit = Duration::from_secs(w.seconds) + SLACK;
+    let output = client.wait_output(limit, "finish its test");
+    // A one-shot server exits after its client; if not, drop kills it.
+    drop(server);
+    output
+}
+
 impl Iperf3Udp {
     fn binary(&self) -> Result<PathBuf, PeerError> {
-        self.binary
-            .clone()
-            .or_else(|| find_tool("iperf3"))
-            .ok_or(PeerError::Missing {
-                tool: "iperf3",
-                package: "iperf3",
-            })
+        locate(&self.binary, "iperf3", "iperf3")
     }
 
     fn server_args(port: u16, w: &Workload) -> Vec<String> {
@@ -386,36 +434,14 @@ impl Peer for Iperf3Udp {
 
     fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
         let bin = self.binary()?;
-        let port = crate::stacks::free_tcp_port()
-            .map_err(|e| PeerError::BadOutput {
-                tool: "iperf3",
-                why: format!("no free port: {e}"),
-            })?
-            .port();
-        let mut server = ProcessGroup::spawn(
+        let port = free_port("iperf3")?;
+        let (status, out, err) = server_then_client(
             "iperf3",
             Command::new(&bin).args(Self::server_args(port, w)),
-        )?;
-        let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
-            tool: "iperf3",
-            why: "server stdout not captured".into(),
-        })?;
-        if !wait_for_line(stdout, "Server listening", READY_WITHIN) {
-            server.kill();
-            return Err(PeerError::Timeout {
-                tool: "iperf3",
-                what: "start listening",
-                secs: READY_WITHIN.as_secs_f64(),
-            });
-        }
-        let client = ProcessGroup::spawn(
-            "iperf3",
+            "Server listening",
             Command::new(&bin).args(Self::client_args(port, w)),
+            w,
         )?;
-        let limit = Duration::from_secs(w.seconds) + SLACK;
-        let (status, out, err) = client.wait_output(limit, "finish its test")?;
-        // The one-shot server exits after its client; if not, drop kills it.
-        drop(server);
         if !status.success() {
             // iperf3 --json reports its errors inside the JSON.
             let why = serde_json::from_str::<Value>(&out)
@@ -788,46 +814,19 @@ impl Peer for Sockperf {
     }
 
     fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
-        let bin = self
-            .binary
-            .clone()
-            .or_else(|| find_tool("sockperf"))
-            .ok_or(PeerError::Missing {
-                tool: "sockperf",
-                package: "sockperf",
-            })?;
-        let port = crate::stacks::free_tcp_port()
-            .map_err(|e| PeerError::BadOutput {
-                tool: "sockperf",
-                why: format!("no free port: {e}"),
-            })?
-            .port()
-            .to_string();
+        let bin = locate(&self.binary, "sockperf", "sockperf")?;
+        let port = free_port("sockperf")?.to_string();
         // Non-blocking sockets make sockperf spin on recvfrom, as ours
         // spins when it busy-polls.
         let nonblocked: &[&str] = if w.busy_poll { &["--nonblocked"] } else { &[] };
-        let mut server = ProcessGroup::spawn(
+        let secs = w.seconds.max(1).to_string();
+        let size = w.size.to_string();
+        let (status, out, err) = server_then_client(
             "sockperf",
             Command::new(&bin)
                 .args(["server", "-i", "127.0.0.1", "-p", &port])
                 .args(nonblocked),
-        )?;
-        let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
-            tool: "sockperf",
-            why: "server stdout not captured".into(),
-        })?;
-        if !wait_for_line(stdout, "Warmup stage", READY_WITHIN) {
-            server.kill();
-            return Err(PeerError::Timeout {
-                tool: "sockperf",
-                what: "start its server",
-                secs: READY_WITHIN.as_secs_f64(),
-            });
-        }
-        let secs = w.seconds.max(1).to_string();
-        let size = w.size.to_string();
-        let client = ProcessGroup::spawn(
-            "sockperf",
+            "Warmup stage",
             Command::new(&bin)
                 .args([
                     "ping-pong",
@@ -841,10 +840,8 @@ impl Peer for Sockperf {
                     &secs,
                 ])
                 .args(nonblocked),
+            w,
         )?;
-        let limit = Duration::from_secs(w.seconds) + SLACK;
-        let (status, out, err) = client.wait_output(limit, "finish its test")?;
-        drop(server);
         if !status.success() {
             return Err(PeerError::Failed {
                 tool: "sockperf",
@@ -913,40 +910,13 @@ impl Peer for Iperf3Tcp {
     }
 
     fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
-        let bin =
-            self.binary
-                .clone()
-                .or_else(|| find_tool("iperf3"))
-                .ok_or(PeerError::Missing {
-                    tool: "iperf3",
-                    package: "iperf3",
-                })?;
-        let port = crate::stacks::free_tcp_port()
-            .map_err(|e| PeerError::BadOutput {
-                tool: "iperf3",
-                why: format!("no free port: {e}"),
-            })?
-            .port()
-            .to_string();
-        let mut server = ProcessGroup::spawn(
+        let bin = locate(&self.binary, "iperf3", "iperf3")?;
+        let port = free_port("iperf3")?.to_string();
+        let (secs, len) = (w.seconds.max(1).to_string(), w.size.to_string());
+        let (status, out, err) = server_then_client(
             "iperf3",
             Command::new(&bin).args(["-s", "-1", "-B", "127.0.0.1", "-p", &port, "--forceflush"]),
-        )?;
-        let stdout = server.take_stdout().ok_or(PeerError::BadOutput {
-            tool: "iperf3",
-            why: "server stdout not captured".into(),
-        })?;
-        if !wait_for_line(stdout, "Server listening", READY_WITHIN) {
-            server.kill();
-            return Err(PeerError::Timeout {
-                tool: "iperf3",
-                what: "start listening",
-                secs: READY_WITHIN.as_secs_f64(),
-            });
-        }
-        let (secs, len) = (w.seconds.max(1).to_string(), w.size.to_string());
-        let client = ProcessGroup::spawn(
-            "iperf3",
+            "Server listening",
             Command::new(&bin).args([
                 "-c",
                 "127.0.0.1",
@@ -958,10 +928,8 @@ impl Peer for Iperf3Tcp {
                 &secs,
                 "--json",
             ]),
+            w,
         )?;
-        let limit = Duration::from_secs(w.seconds) + SLACK;
-        let (status, out, err) = client.wait_output(limit, "finish its test")?;
-        drop(server);
         if !status.success() {
             return Err(PeerError::Failed {
                 tool: "iperf3",
