@@ -34,7 +34,7 @@ const MAX_SEND_TRIES: usize = 1024;
 /// allocation.
 const RX_CHUNK: usize = 256 << 10;
 /// Room for one `cmsghdr` with an `int` or `u16` value, 8-byte aligned.
-type CmsgBuf = [u64; 4];
+pub(crate) type CmsgBuf = [u64; 4];
 
 /// Receive slots and the `recvmmsg` headers pointing into them, built once
 /// per port: a burst only re-arms the headers the last one used. Boxed
@@ -542,18 +542,7 @@ impl Bursts {
                 h.msg_namelen = name.len();
             }
             if segs > 1 {
-                let cbuf = cmsgs[n].write([0; 4]);
-                h.msg_control = cbuf.as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer.
-                h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-                // SAFETY: the control buffer is set and large enough.
-                unsafe {
-                    let c = libc::CMSG_FIRSTHDR(&h);
-                    (*c).cmsg_level = libc::SOL_UDP;
-                    (*c).cmsg_type = libc::UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg_size as u16);
-                }
+                set_gso_segment(&mut h, cmsgs[n].write([0; 4]), seg_size);
             }
             hdrs[n].write(libc::mmsghdr {
                 msg_hdr: h,
@@ -586,6 +575,24 @@ impl Bursts {
         let sent: usize = carried[..rc as usize].iter().sum();
         self.stats.tx_datagrams += sent as u64;
         Ok(sent)
+    }
+}
+
+/// Points `h`'s control data at `cbuf` and writes one `UDP_SEGMENT`
+/// message there: the kernel cuts the send into datagrams of `segment`
+/// bytes (GSO). `cbuf` must stay where it is until the send is done.
+pub(crate) fn set_gso_segment(h: &mut libc::msghdr, cbuf: &mut CmsgBuf, segment: usize) {
+    *cbuf = [0; 4];
+    h.msg_control = cbuf.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer.
+    h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
+    // SAFETY: the control buffer is set and large enough.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(h);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment as u16);
     }
 }
 

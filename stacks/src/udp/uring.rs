@@ -35,8 +35,8 @@ use socket2::{SockAddr, Socket};
 use tokio::io::unix::AsyncFd;
 
 use super::socket::{
-    busy_poll, gro_segment_size, gso_run, probe_offloads, register, socket_addr_from, Offloads,
-    GRO_SLOT, MAX_BATCH, MAX_UDP_PAYLOAD,
+    busy_poll, gro_segment_size, gso_run, probe_offloads, register, set_gso_segment,
+    socket_addr_from, CmsgBuf, Offloads, GRO_SLOT, MAX_BATCH, MAX_UDP_PAYLOAD,
 };
 use crate::datagram::{Datagram, DatagramPort, PortStats, TxBatch};
 
@@ -64,8 +64,6 @@ const MAX_SEND_WAITS: usize = 10_000;
 /// Bytes the receive chunk grows by at least, so small bursts share one
 /// allocation.
 const RX_CHUNK: usize = 256 << 10;
-/// Room for one `cmsghdr` with a `u16` value, 8-byte aligned.
-type CmsgBuf = [u64; 4];
 
 /// `io_uring_enter` flag: wait for (and reap into the ring) completions.
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -233,19 +231,7 @@ impl SendSlots {
             h.msg_namelen = name.len();
         }
         if segments > 1 {
-            let cbuf = &mut self.cmsgs[op];
-            *cbuf = [0; 4];
-            h.msg_control = cbuf.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer.
-            h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-            // SAFETY: the control buffer is set and large enough.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&h);
-                (*c).cmsg_level = libc::SOL_UDP;
-                (*c).cmsg_type = libc::UDP_SEGMENT;
-                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment as u16);
-            }
+            set_gso_segment(&mut h, &mut self.cmsgs[op], segment);
         }
         self.hdrs[op] = h;
         &self.hdrs[op]
