@@ -827,10 +827,10 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     let metric = tool.metric();
     let quiet = cli.quiet;
     let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
-        let stack = open_stack(&stack_name)?;
         let at = default_endpoints(&stack_name)?;
         match metric {
-            peer::Metric::Pps => {
+            peer::Metric::Pps | peer::Metric::Gbps => {
+                let stack = open_stack(&stack_name)?;
                 let cfg = GenConfig {
                     sizes: SizeMix::fixed(w.size),
                     stop: Stop::Seconds(w.seconds as f64),
@@ -838,25 +838,19 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
                     ..GenConfig::default()
                 };
                 let r = run_gen(stack, &at, &cfg, &mut Live::new("ours".into(), true))?;
-                Ok((
-                    r.pps(),
-                    json!({"tx_pps": r.tx_pps(), "sent": r.sent, "received": r.received, "lost": r.lost,
-                           "latency_ns": r.latency.percentiles()}),
-                ))
-            }
-            peer::Metric::Gbps => {
-                let cfg = GenConfig {
-                    sizes: SizeMix::fixed(w.size),
-                    stop: Stop::Seconds(w.seconds as f64),
-                    warmup: Duration::ZERO,
-                    ..GenConfig::default()
-                };
-                let r = run_gen(stack, &at, &cfg, &mut Live::new("ours".into(), true))?;
-                let gbps = r.pps() * w.size as f64 * 8.0 / 1e9;
-                Ok((
-                    gbps,
-                    json!({"gbps": gbps, "pps": r.pps(), "sent": r.sent, "received": r.received}),
-                ))
+                Ok(if metric == peer::Metric::Pps {
+                    (
+                        r.pps(),
+                        json!({"tx_pps": r.tx_pps(), "sent": r.sent, "received": r.received, "lost": r.lost,
+                               "latency_ns": r.latency.percentiles()}),
+                    )
+                } else {
+                    let gbps = r.goodput_gbps();
+                    (
+                        gbps,
+                        json!({"gbps": gbps, "pps": r.pps(), "sent": r.sent, "received": r.received}),
+                    )
+                })
             }
             peer::Metric::RttP50Ns => {
                 let stack = open_rtt_stack(&stack_name, w.busy_poll)?;
