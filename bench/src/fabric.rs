@@ -297,6 +297,40 @@ pub fn memcpy_gbytes(size: usize, seconds: f64) -> f64 {
     bytes as f64 / ((thread_cpu_ns() - cpu0) as f64 / 1e9).max(1e-9) / 1e9
 }
 
+/// Sends request `i` of a round-trip run: a stamped message from uid 1 to
+/// uid 2.
+fn ask(
+    app: &mut RingLink,
+    cx: &mut Context<'_>,
+    clock: &MonotonicClock,
+    size: usize,
+    i: u64,
+    arena: &mut BytesMut,
+) -> Result<(), BenchError> {
+    let m = stamped(1, 2, size, i, clock.now_ns(), arena)?;
+    offer(app, cx, m).map_err(|_| BenchError::Config("ring full".into()))?;
+    let _ = Pin::new(&mut *app).poll_flush(cx);
+    Ok(())
+}
+
+/// Spins until the answer comes back on `app` and records its round trip.
+fn await_answer(
+    app: &mut RingLink,
+    cx: &mut Context<'_>,
+    clock: &MonotonicClock,
+    rtt: &mut Latency,
+) {
+    loop {
+        if let Poll::Ready(Some(Ok(m))) = Pin::new(&mut *app).poll_next(cx) {
+            if let Ok(s) = Stamp::read(m.payload()) {
+                rtt.record(clock.now_ns() - s.tx_ns);
+            }
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// Round trips of `size`-byte messages from thread A to an echo and back:
 /// `direct` through a ring pair to an echo thread; otherwise through an
 /// engine busy-polling on its own thread, with the echo port served by A.
@@ -323,18 +357,8 @@ fn round_trips(direct: bool, size: usize, count: u64) -> Result<Latency, BenchEr
             }
         });
         for i in 0..count {
-            let m = stamped(1, 2, size, i, clock.now_ns(), &mut arena)?;
-            offer(&mut app, &mut cx, m).map_err(|_| BenchError::Config("ring full".into()))?;
-            let _ = Pin::new(&mut app).poll_flush(&mut cx);
-            loop {
-                if let Poll::Ready(Some(Ok(m))) = Pin::new(&mut app).poll_next(&mut cx) {
-                    if let Ok(s) = Stamp::read(m.payload()) {
-                        rtt.record(clock.now_ns() - s.tx_ns);
-                    }
-                    break;
-                }
-                std::hint::spin_loop();
-            }
+            ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
+            await_answer(&mut app, &mut cx, &clock, &mut rtt);
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = echo.join();
@@ -350,9 +374,7 @@ fn round_trips(direct: bool, size: usize, count: u64) -> Result<Latency, BenchEr
     h.add_route(a, Route::exact(uid(2), b)).map_err(plane)?;
     h.add_route(b, Route::exact(uid(1), a)).map_err(plane)?;
     for i in 0..count {
-        let m = stamped(1, 2, size, i, clock.now_ns(), &mut arena)?;
-        offer(&mut app, &mut cx, m).map_err(|_| BenchError::Config("ring full".into()))?;
-        let _ = Pin::new(&mut app).poll_flush(&mut cx);
+        ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
         // Echo: what reaches port b goes back to uid 1.
         loop {
             inbox.clear();
@@ -370,15 +392,7 @@ fn round_trips(direct: bool, size: usize, count: u64) -> Result<Latency, BenchEr
             }
             std::hint::spin_loop();
         }
-        loop {
-            if let Poll::Ready(Some(Ok(m))) = Pin::new(&mut app).poll_next(&mut cx) {
-                if let Ok(s) = Stamp::read(m.payload()) {
-                    rtt.record(clock.now_ns() - s.tx_ns);
-                }
-                break;
-            }
-            std::hint::spin_loop();
-        }
+        await_answer(&mut app, &mut cx, &clock, &mut rtt);
     }
     drop(h.stop());
     Ok(rtt)
