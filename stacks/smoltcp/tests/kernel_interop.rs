@@ -215,41 +215,15 @@ fn smoltcp_talks_tcp_and_udp_with_the_kernel_and_tshark_finds_every_checksum_goo
             ])
             .output()
             .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let fields = |filter: &str| -> usize {
-        let out = Command::new("tshark")
-            .args(["-r"])
-            .arg(&pcap)
-            .args([
-                "-o",
-                "tcp.check_checksum:TRUE",
-                "-o",
-                "ip.check_checksum:TRUE",
-                "-o",
-                "udp.check_checksum:TRUE",
-                // The payload is overlay messages, not whatever protocol
-                // owns these ports (7100 is the X font server's).
-                "-d",
-                "tcp.port==7100,data",
-                "-d",
-                "udp.port==7101,data",
-                "-Y",
-                filter,
-                "-T",
-                "fields",
-                "-e",
-                "frame.number",
-            ])
-            .output()
-            .unwrap();
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).lines().count()
+        String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // Frames matching `filter`, one line each.
+    let fields = |filter: &str| -> usize { show(filter, "frame.number").lines().count() };
     let from_me = format!("ip.src == {me}");
     let tcp_good = fields(&format!("{from_me} && tcp.checksum.status == \"Good\""));
     let udp_good = fields(&format!("{from_me} && udp.checksum.status == \"Good\""));
