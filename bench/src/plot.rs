@@ -128,6 +128,19 @@ pub fn draw(path: &Path, chart: &Chart<'_>) -> Result<(), PlotError> {
     }
 }
 
+/// A chart builder with the caption, margin and axis room every chart uses.
+fn framed<'a, 'b, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    caption: impl AsRef<str>,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut b = ChartBuilder::on(root);
+    b.caption(caption, (FONT, 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60);
+    b
+}
+
 fn render<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     chart: &Chart<'_>,
@@ -141,11 +154,7 @@ fn render<DB: DrawingBackend>(
             }
             let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
             let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
-            let mut c = ChartBuilder::on(root)
-                .caption("Throughput over time", (FONT, 22))
-                .margin(15)
-                .x_label_area_size(40)
-                .y_label_area_size(60)
+            let mut c = framed(root, "Throughput over time")
                 .build_cartesian_2d(0.0..x_max, 0.0..y_max)
                 .map_err(e)?;
             c.configure_mesh()
@@ -165,11 +174,7 @@ fn render<DB: DrawingBackend>(
             let lo = points.first().map(|p| p.0).unwrap_or(1).max(1) as f64 / 1e3;
             let hi = points.last().map(|p| p.0).unwrap_or(1).max(2) as f64 / 1e3;
             let (lo, hi) = (lo * 0.9, hi * 1.1);
-            let mut c = ChartBuilder::on(root)
-                .caption(format!("CDF of {what}"), (FONT, 22))
-                .margin(15)
-                .x_label_area_size(40)
-                .y_label_area_size(60)
+            let mut c = framed(root, format!("CDF of {what}"))
                 .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
                 .map_err(e)?;
             c.configure_mesh()
@@ -194,11 +199,7 @@ fn render<DB: DrawingBackend>(
             }
             let x_max = all().map(|p| p.0).fold(1e-9, f64::max);
             let y_max = all().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
-            let mut c = ChartBuilder::on(root)
-                .caption(title, (FONT, 22))
-                .margin(15)
-                .x_label_area_size(40)
-                .y_label_area_size(60)
+            let mut c = framed(root, title)
                 .build_cartesian_2d(0.0..x_max, 0.0..y_max)
                 .map_err(e)?;
             c.configure_mesh()
@@ -231,11 +232,7 @@ fn render<DB: DrawingBackend>(
             let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max) * 1.05;
             let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
             let y2_max = points.iter().map(|p| p.2).fold(0.0, f64::max) * 1.15 + 1e-9;
-            let mut c = ChartBuilder::on(root)
-                .caption("Throughput by payload size", (FONT, 22))
-                .margin(15)
-                .x_label_area_size(40)
-                .y_label_area_size(60)
+            let mut c = framed(root, "Throughput by payload size")
                 .right_y_label_area_size(70)
                 .build_cartesian_2d(0.0..x_max, 0.0..y_max)
                 .map_err(e)?
