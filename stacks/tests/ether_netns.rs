@@ -199,8 +199,12 @@ fn ether_with_ltl_delivers_everything_in_order_through_ten_percent_loss_each_way
     client(&pair.a, &pair.iface_a, reliable(&pair.iface_a), mac, n);
     let (seen, _) = srv.join().unwrap();
     assert_eq!(seen.len(), n as usize);
-    assert!(pair.a.ether_dropped(&pair.iface_a).unwrap() > 0);
+    // The data way (3000 frames and more) certainly lost some. The way
+    // back carries only ACKs and NACKs, which LTL sends sparingly: with a
+    // few dozen of them a 10 % random rule misses them all in some runs
+    // (0.9^30 ≈ 4 %), so that way only shows its rule is in place.
     assert!(pair.b.ether_dropped(&pair.iface_b).unwrap() > 0);
+    pair.a.ether_dropped(&pair.iface_a).unwrap();
 }
 
 fn impaired(seed: u64) -> Impairment {
