@@ -31,7 +31,8 @@ use uniplane_overlay::{
 
 use crate::config::{Config, DefaultAction, DeviceKind, EngineMode};
 use crate::control::{
-    read_line, write_line, Answer, Attached, ConnSpec, PeerRequest, Request as CtlRequest, MAX_LINE,
+    conn_key, conn_spec, read_line, write_line, Answer, Attached, PeerRequest,
+    Request as CtlRequest, MAX_LINE,
 };
 
 /// Why the daemon could not start.
@@ -651,9 +652,7 @@ impl Daemon {
                     dst_port,
                 };
                 match self.connect(key, class).await {
-                    Ok(()) => {
-                        Answer::ok(serde_json::to_value(ConnSpec::from(key)).unwrap_or_default())
-                    }
+                    Ok(()) => Answer::ok(serde_json::to_value(conn_spec(key)).unwrap_or_default()),
                     Err((kind, msg)) => Answer::err(kind, msg),
                 }
             }
@@ -661,7 +660,7 @@ impl Daemon {
                 let Some(d) = session.device else {
                     return Answer::err("not-attached", "attach first");
                 };
-                let key: ConnKey = conn.into();
+                let key: ConnKey = conn_key(conn);
                 let me = Uid::new(self.shared.server, d);
                 if key.src != me && key.dst != me {
                     return Answer::err("denied", "not your connection");
@@ -869,7 +868,7 @@ impl Daemon {
         self.lock().pending_peer.insert(key, reply_tx);
         let sent = tx
             .send(PeerRequest::Connect {
-                conn: key.into(),
+                conn: conn_spec(key),
                 class,
             })
             .await;
@@ -1015,7 +1014,9 @@ impl Daemon {
             if let Some(server) = conn.peer {
                 let tx = self.lock().peers.get(&server).and_then(|p| p.tx.clone());
                 if let Some(tx) = tx {
-                    let _ = tx.try_send(PeerRequest::Close { conn: key.into() });
+                    let _ = tx.try_send(PeerRequest::Close {
+                        conn: conn_spec(key),
+                    });
                 }
             }
         }
@@ -1099,13 +1100,13 @@ impl Daemon {
                 Ok(PeerRequest::Connect { conn, class }) => {
                     let s = from.unwrap_or(Ipv4Addr::UNSPECIFIED);
                     self.peer_seen(s);
-                    Some(match self.admit_from_peer(s, conn.into(), class) {
+                    Some(match self.admit_from_peer(s, conn_key(conn), class) {
                         Ok(()) => Answer::ok(serde_json::to_value(conn).unwrap_or_default()),
                         Err(why) => Answer::err("refused", why),
                     })
                 }
                 Ok(PeerRequest::Close { conn }) => {
-                    let key: ConnKey = conn.into();
+                    let key: ConnKey = conn_key(conn);
                     if let Some(k) = self.canonical(key) {
                         self.close_connection(k, Status::Closed, false).await;
                     }
@@ -1216,7 +1217,7 @@ impl Daemon {
                             },
                             _ => Err("peer did not answer".to_string()),
                         };
-                        let waiter = self.lock().pending_peer.remove(&conn.into());
+                        let waiter = self.lock().pending_peer.remove(&conn_key(conn));
                         if let Some(w) = waiter {
                             let _ = w.send(verdict);
                         }
