@@ -428,7 +428,9 @@ impl Control {
                 let server = key.dst.server();
                 self.answer(
                     p.request,
-                    Err(ControlError::Timeout(format!("peer {server} did not answer"))),
+                    Err(ControlError::Timeout(format!(
+                        "peer {server} did not answer"
+                    ))),
                 );
                 // It may admit late: make sure it lets go.
                 self.actions.push_back(Action::ToPeer {
@@ -662,7 +664,11 @@ impl Control {
 
     fn ephemeral_port(&mut self) -> u16 {
         let p = self.next_port;
-        self.next_port = if p == u16::MAX { EPHEMERAL_FIRST } else { p + 1 };
+        self.next_port = if p == u16::MAX {
+            EPHEMERAL_FIRST
+        } else {
+            p + 1
+        };
         p
     }
 
@@ -788,8 +794,7 @@ impl Control {
             Some(Tunnel::Opening) => Stage::Tunnel,
             None => {
                 peer.tunnels.insert(class, Tunnel::Opening);
-                self.actions
-                    .push_back(Action::OpenTunnel { server, class });
+                self.actions.push_back(Action::OpenTunnel { server, class });
                 Stage::Tunnel
             }
         };
@@ -807,10 +812,9 @@ impl Control {
     }
 
     fn peer_verdict(&mut self, server: Ipv4Addr, key: ConnKey, verdict: Result<(), String>) {
-        let asked = self
-            .pending
-            .get(&key)
-            .is_some_and(|p| matches!(p.stage, Stage::Verdict { .. }) && key.dst.server() == server);
+        let asked = self.pending.get(&key).is_some_and(|p| {
+            matches!(p.stage, Stage::Verdict { .. }) && key.dst.server() == server
+        });
         if !asked {
             if verdict.is_ok() {
                 // Too late, or never asked: the peer must not keep its end.
@@ -1082,7 +1086,8 @@ impl Control {
             .get(&server)
             .is_some_and(|p| p.channel && p.tunnels.get(&class) == Some(&Tunnel::Opening));
         if !wanted {
-            self.actions.push_back(Action::CloseTunnel { server, class });
+            self.actions
+                .push_back(Action::CloseTunnel { server, class });
             return;
         }
         let mtu = self.peers[&server].spec.tunnel_mtu;
@@ -1155,10 +1160,7 @@ impl Control {
     /// Submits what the state calls for and the plane lacks (or holds in
     /// excess); `then` follows its completion.
     fn sync(&mut self, then: Then) {
-        if let Some(Job::Sync {
-            then: running, ..
-        }) = &mut self.job
-        {
+        if let Some(Job::Sync { then: running, .. }) = &mut self.job {
             // Only a repair can be running here (decisions wait for jobs):
             // the next sync after it covers this one.
             running.ok.extend(then.ok);
@@ -1223,7 +1225,12 @@ impl Control {
         }
     }
 
-    fn synced(&mut self, ops: Vec<PlaneOp>, results: Vec<Result<OpResult, PlaneError>>, then: Then) {
+    fn synced(
+        &mut self,
+        ops: Vec<PlaneOp>,
+        results: Vec<Result<OpResult, PlaneError>>,
+        then: Then,
+    ) {
         let mut failure = None;
         for (op, r) in ops.iter().zip(results) {
             let removal = matches!(
@@ -1281,9 +1288,7 @@ impl Control {
             }
             Undo::Connection(key) => {
                 if let Some(c) = self.connections.remove(&key) {
-                    if let (Some(server), true) =
-                        (c.peer, key.src.server() == self.config.server)
-                    {
+                    if let (Some(server), true) = (c.peer, key.src.server() == self.config.server) {
                         // The peer admitted its end already.
                         self.actions.push_back(Action::ToPeer {
                             server,
@@ -1390,7 +1395,8 @@ impl Control {
                 }
                 (Attaching::TunnelOut { server, class }, Err(e)) => {
                     tracing::warn!(%server, class, "tunnel port: {e}");
-                    self.actions.push_back(Action::CloseTunnel { server, class });
+                    self.actions
+                        .push_back(Action::CloseTunnel { server, class });
                     self.undo(Undo::TunnelOut { server, class });
                 }
                 (
@@ -1432,7 +1438,13 @@ impl Control {
 
     /// Adds a local resource on `port` under `device` when free, else the
     /// next free device number.
-    fn register(&mut self, name: &str, kind: ResourceKind, device: Option<u16>, port: PortId) -> Uid {
+    fn register(
+        &mut self,
+        name: &str,
+        kind: ResourceKind,
+        device: Option<u16>,
+        port: PortId,
+    ) -> Uid {
         let device = match device {
             Some(d) if !self.resources.contains_key(&d) => d,
             _ => {
@@ -1556,7 +1568,10 @@ impl Control {
 
     /// Whether a configured multi-hop route carries `key`'s traffic.
     fn multi_hop_covers(&self, key: ConnKey) -> bool {
-        let src_name = self.resources.get(&key.src.device()).map(|r| r.name.as_str());
+        let src_name = self
+            .resources
+            .get(&key.src.device())
+            .map(|r| r.name.as_str());
         self.config
             .routes
             .iter()

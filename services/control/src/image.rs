@@ -30,8 +30,7 @@ pub struct PortImage {
 impl PortImage {
     /// Adds or replaces a route.
     pub fn route(&mut self, r: Route) {
-        self.routes
-            .insert((r.key.to_u64() & r.mask, r.mask), r);
+        self.routes.insert((r.key.to_u64() & r.mask, r.mask), r);
     }
 }
 
@@ -189,7 +188,10 @@ mod tests {
         a.ports.insert(1, PortImage::default());
         a.ports.insert(2, PortImage::default());
         let mut b = a.clone();
-        b.ports.get_mut(&1).unwrap().route(Route::exact(uid("1.1.1.1:2"), 2));
+        b.ports
+            .get_mut(&1)
+            .unwrap()
+            .route(Route::exact(uid("1.1.1.1:2"), 2));
         b.ports.get_mut(&1).unwrap().rules.push(AclRule::ALLOW_ALL);
         let conn = ConnKey {
             src: uid("1.1.1.1:1"),
@@ -207,6 +209,9 @@ mod tests {
             c.apply(op);
         }
         assert_eq!(c, b);
-        assert!(matches!(ops.iter().position(|o| matches!(o, PlaneOp::Detach(1))), Some(_)));
+        assert!(matches!(
+            ops.iter().position(|o| matches!(o, PlaneOp::Detach(1))),
+            Some(_)
+        ));
     }
 }

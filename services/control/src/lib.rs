@@ -16,8 +16,7 @@ mod plane_op;
 mod types;
 
 pub use crate::config::{
-    AccessRule, ControlConfig, DefaultAction, DeviceSpec, Limits, MultiHopRoute, PeerSpec,
-    UidMatch,
+    AccessRule, ControlConfig, DefaultAction, DeviceSpec, Limits, MultiHopRoute, PeerSpec, UidMatch,
 };
 pub use crate::core::{
     Connection, Control, InboundView, PeerView, Resource, ResourceKind, RouteRow, DAEMON_DEVICE,
@@ -25,4 +24,3 @@ pub use crate::core::{
 pub use crate::image::{PlaneImage, PortImage};
 pub use crate::plane_op::PlaneOp;
 pub use crate::types::*;
-

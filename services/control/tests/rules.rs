@@ -1,0 +1,771 @@
+//! Every rule of the control core, one behaviour per test, on virtual time
+//! against a model plane.
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::*;
+use uniplane_control::*;
+use uniplane_dataplane::wire::{ReqType, Status};
+use uniplane_overlay::acl::ConnKey;
+use uniplane_overlay::table::Route;
+use uniplane_overlay::PlaneError;
+
+const A: SessionId = 1;
+const B: SessionId = 2;
+
+fn connected(r: Result<Reply, ControlError>) -> ConnKey {
+    match r {
+        Ok(Reply::Connected(k)) => k,
+        other => panic!("not connected: {other:?}"),
+    }
+}
+
+#[test]
+fn start_registers_the_daemon_and_devices_with_routes_between_all() {
+    let h = Harness::new(config());
+    let names: Vec<(u16, String)> = h
+        .core
+        .resources()
+        .map(|r| (r.uid.device(), r.name.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (0, "daemon".into()),
+            (1, "echo".into()),
+            (2, "relay".into())
+        ]
+    );
+    assert!(h.out.iter().any(|a| matches!(
+        a,
+        Action::PortReady {
+            usage: PortUse::Daemon,
+            ..
+        }
+    )));
+    h.check();
+}
+
+#[test]
+fn a_local_connection_the_policy_allows_is_admitted_and_the_listener_told() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    assert_eq!((key.src, key.dst, key.dst_port), (client, server, 80));
+    assert_eq!(
+        h.notices(),
+        vec![(server, ReqType::Connect, key.reversed(), Status::Ok)]
+    );
+    assert_eq!(h.core.connections().count(), 1);
+    h.check();
+}
+
+#[test]
+fn a_connection_the_policy_denies_is_refused_and_installs_nothing() {
+    let mut c = config();
+    c.rules.push(AccessRule {
+        src: UidMatch::ANY,
+        dst: UidMatch {
+            key: uid("10.0.0.1:1"),
+            mask: u64::MAX >> 16,
+        },
+        types: Some(vec![ReqType::Connect]),
+        allow: false,
+    });
+    let mut h = Harness::new(c);
+    h.attach(A, "client");
+    let r = h.connect(A, uid("10.0.0.1:1"), 7);
+    assert!(matches!(r, Err(ControlError::Denied(_))), "{r:?}");
+    assert_eq!(r.unwrap_err().kind(), "denied");
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn a_connection_to_a_port_nothing_listens_on_is_refused() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.attach(B, "client");
+    h.listen(A, 80);
+    let r = h.connect(B, server, 81);
+    assert_eq!(r.unwrap_err().kind(), "refused");
+    let r = h.connect(B, uid("10.0.0.1:77"), 81);
+    assert_eq!(r.unwrap_err().kind(), "refused");
+    assert!(h.notices().is_empty());
+    h.check();
+}
+
+#[test]
+fn devices_accept_on_every_port_and_get_no_notice() {
+    let mut h = Harness::new(config());
+    h.attach(A, "client");
+    connected(h.connect(A, uid("10.0.0.1:1"), 4242));
+    assert!(h.notices().is_empty());
+    h.check();
+}
+
+#[test]
+fn requests_before_attach_are_answered_not_attached() {
+    let mut h = Harness::new(config());
+    assert_eq!(
+        h.ask(A, ClientRequest::Listen { port: 1 }),
+        Err(ControlError::NotAttached)
+    );
+    assert_eq!(
+        h.connect(A, uid("10.0.0.1:1"), 1),
+        Err(ControlError::NotAttached)
+    );
+    h.attach(A, "x");
+    let again = h.ask(A, ClientRequest::Attach { name: "y".into() });
+    assert_eq!(again.unwrap_err().kind(), "bad-request");
+}
+
+#[test]
+fn closing_a_connection_tells_both_local_ends_and_removes_its_entries() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    h.notices();
+    // Either direction names it; only its ends may close it.
+    assert_eq!(
+        h.ask(
+            A,
+            ClientRequest::Close {
+                conn: key.reversed()
+            }
+        ),
+        Ok(Reply::Done)
+    );
+    let mut notices = h.notices();
+    notices.sort_by_key(|n| n.0);
+    let mut want = vec![
+        (client, ReqType::Close, key, Status::Closed),
+        (server, ReqType::Close, key.reversed(), Status::Closed),
+    ];
+    want.sort_by_key(|n| n.0);
+    assert_eq!(notices, want);
+    assert_eq!(h.core.connections().count(), 0);
+    let again = h.ask(A, ClientRequest::Close { conn: key });
+    assert_eq!(again.unwrap_err().kind(), "not-found");
+    h.check();
+}
+
+#[test]
+fn only_an_end_may_close_a_connection() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.attach(B, "client");
+    h.attach(3, "stranger");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    let r = h.ask(3, ClientRequest::Close { conn: key });
+    assert_eq!(r.unwrap_err().kind(), "denied");
+    assert_eq!(h.core.connections().count(), 1);
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_resource_routes_and_connections() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    h.notices();
+    let ports_before = h.plane.ports.len();
+    h.event(Event::ClientClosed { session: A });
+    assert!(h.core.resource(server.device()).is_none());
+    assert_eq!(h.core.connections().count(), 0);
+    assert_eq!(
+        h.notices(),
+        vec![(client, ReqType::Close, key, Status::Closed)]
+    );
+    assert_eq!(h.plane.ports.len(), ports_before - 1);
+    for port in h.plane.ports.values() {
+        assert!(!port.routes.contains_key(&(
+            server.to_u64(),
+            uid("0.0.0.0:0").to_u64() | (u64::MAX >> 16)
+        )));
+    }
+    assert!(h.out.iter().any(|a| matches!(a, Action::PortGone { .. })));
+    h.check();
+}
+
+#[test]
+fn the_plane_refusing_a_route_fails_the_attach_and_rolls_it_back() {
+    let mut h = Harness::new(config());
+    let before: Vec<u16> = h.core.resources().map(|r| r.uid.device()).collect();
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::AddRoute(..)));
+    let r = h.ask(A, ClientRequest::Attach { name: "x".into() });
+    assert!(
+        matches!(r, Err(ControlError::Plane(PlaneError::Table(_)))),
+        "{r:?}"
+    );
+    assert_eq!(r.unwrap_err().kind(), "engine");
+    let after: Vec<u16> = h.core.resources().map(|r| r.uid.device()).collect();
+    assert_eq!(before, after, "the resource is gone again");
+    assert_eq!(h.plane.refused, 1);
+    h.check();
+    // The session may try again.
+    h.attach(A, "x");
+    h.check();
+}
+
+#[test]
+fn the_plane_refusing_an_admission_fails_the_connect_and_rolls_it_back() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.attach(B, "client");
+    h.listen(A, 80);
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::Allow(..)));
+    let r = h.connect(B, server, 80);
+    assert_eq!(r.unwrap_err().kind(), "engine");
+    assert_eq!(h.core.connections().count(), 0);
+    assert!(h.notices().is_empty(), "the listener never heard of it");
+    h.check();
+}
+
+#[test]
+fn a_plane_out_of_ports_fails_the_attach_with_a_resources_error() {
+    let mut h = Harness::new(config());
+    h.plane.max_ports = h.plane.ports.len();
+    let r = h.ask(A, ClientRequest::Attach { name: "x".into() });
+    assert_eq!(r.unwrap_err().kind(), "resources");
+    h.check();
+}
+
+#[test]
+fn resources_connections_and_listening_ports_are_bounded() {
+    let mut c = config();
+    c.limits.resources = 4;
+    c.limits.connections = 1;
+    c.limits.listening_per_resource = 1;
+    let mut h = Harness::new(c);
+    let server = h.attach(A, "server");
+    let r = h.ask(B, ClientRequest::Attach { name: "x".into() });
+    assert_eq!(r, Err(ControlError::Limit("resources")));
+    h.listen(A, 80);
+    let r = h.ask(A, ClientRequest::Listen { port: 81 });
+    assert_eq!(r.unwrap_err().kind(), "limit");
+    connected(h.connect(A, server, 80));
+    let r = h.connect(A, server, 80);
+    assert_eq!(r.unwrap_err().kind(), "limit");
+    h.check();
+}
+
+#[test]
+fn a_remote_connection_is_installed_only_after_the_peers_verdict() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let client = h.attach(A, "client");
+    let dst = uid("10.0.0.2:5");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst,
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    assert!(h.answer(req).is_none(), "waits for the peer");
+    let asked = h.to_peer();
+    let key = match asked.as_slice() {
+        [(s, PeerMsg::Connect { conn, class: 0 })] if *s == PEER => *conn,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key.src, client);
+    h.check();
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn: key,
+        verdict: Ok(()),
+    });
+    assert_eq!(connected(h.answer(req).expect("answered")), key);
+    let tunnel = h.core.peers()[0].tunnels[0].1;
+    assert_eq!(h.plane.translations.get(&key), Some(&tunnel));
+    h.check();
+}
+
+#[test]
+fn a_peers_refusal_is_the_callers_refusal() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+        panic!()
+    };
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Err("nothing listens".into()),
+    });
+    assert_eq!(
+        h.answer(req),
+        Some(Err(ControlError::Refused("nothing listens".into())))
+    );
+    h.check();
+}
+
+#[test]
+fn a_peer_that_does_not_answer_in_time_times_out_and_is_told_to_let_go() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+        panic!()
+    };
+    // Keep the peer alive while we wait.
+    for _ in 0..50 {
+        h.advance(Duration::from_millis(45));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+        if h.answer(req).is_some() {
+            panic!("answered early");
+        }
+        if h.now >= h.core.config().verdict_timeout - Duration::from_millis(50) {
+            break;
+        }
+    }
+    h.advance(Duration::from_millis(100));
+    let a = h.answer(req).expect("timed out");
+    assert_eq!(a.unwrap_err().kind(), "timeout");
+    assert!(h.to_peer().contains(&(PEER, PeerMsg::Close { conn })));
+    // A verdict after the timeout is told to let go too.
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Ok(()),
+    });
+    assert_eq!(h.to_peer(), vec![(PEER, PeerMsg::Close { conn })]);
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn a_connection_to_a_peer_that_is_down_or_unknown_fails_at_once() {
+    let mut h = Harness::new(config());
+    h.attach(A, "client");
+    let r = h.connect(A, uid("10.0.0.2:5"), 9);
+    assert_eq!(r.unwrap_err().kind(), "peer-down");
+    let r = h.connect(A, uid("10.0.0.9:5"), 9);
+    assert_eq!(r.unwrap_err().kind(), "no-route");
+}
+
+#[test]
+fn heartbeats_go_to_each_live_channel_every_interval() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    for _ in 0..20 {
+        h.advance(Duration::from_millis(10));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+    }
+    let beats = h
+        .to_peer()
+        .iter()
+        .filter(|(s, m)| *s == PEER && *m == PeerMsg::Heartbeat)
+        .count();
+    // At 0, 50, 100, 150 and 200 ms.
+    assert_eq!(beats, 5);
+}
+
+#[test]
+fn a_silent_peer_is_declared_failed_within_misses_heartbeats_and_owners_told() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let client = h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+        panic!()
+    };
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Ok(()),
+    });
+    connected(h.answer(req).unwrap());
+    let last_heard = h.now;
+    let limit = h.core.config().failure_after();
+    h.advance(limit - Duration::from_millis(1));
+    assert!(h.core.peers()[0].alive, "not before the limit");
+    h.advance(Duration::from_millis(1));
+    assert!(
+        !h.core.peers()[0].alive,
+        "failed at {:?}",
+        h.now - last_heard
+    );
+    assert_eq!(h.core.peers()[0].failures, 1);
+    assert_eq!(
+        h.notices(),
+        vec![(client, ReqType::Notify, conn, Status::PeerFailed)]
+    );
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::ClosePeerChannel { server } if *server == PEER)));
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn routes_to_a_peer_come_with_it_and_go_with_it() {
+    let mut h = Harness::new(config());
+    let server_route = |h: &Harness| {
+        let r = Route::server(PEER, 0);
+        h.plane
+            .ports
+            .values()
+            .filter(|p| p.routes.contains_key(&(r.key.to_u64(), r.mask)))
+            .count()
+    };
+    assert_eq!(server_route(&h), 0);
+    h.peer_up(PEER);
+    assert_eq!(server_route(&h), 3, "at every resource port");
+    h.check();
+    h.attach(A, "late");
+    assert_eq!(server_route(&h), 4, "and at a resource registered later");
+    h.event(Event::PeerChannelDown { server: PEER });
+    assert_eq!(server_route(&h), 0);
+    assert!(h.core.peers()[0].tunnels.is_empty());
+    h.check();
+    // It comes back.
+    h.peer_up(PEER);
+    assert_eq!(server_route(&h), 4);
+    h.check();
+}
+
+#[test]
+fn a_class_tunnel_opens_on_first_use_and_is_shared() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.out.clear();
+    h.attach(A, "client");
+    let ask = |h: &mut Harness, port| {
+        h.request(
+            A,
+            ClientRequest::Connect {
+                src_port: port,
+                dst: uid("10.0.0.2:5"),
+                dst_port: 9,
+                class: 3,
+            },
+        )
+    };
+    let r1 = ask(&mut h, 1000);
+    let r2 = ask(&mut h, 1001);
+    let opens = h
+        .out
+        .iter()
+        .filter(|a| matches!(a, Action::OpenTunnel { class: 3, .. }))
+        .count();
+    assert_eq!(opens, 1);
+    assert!(
+        h.to_peer().is_empty(),
+        "the peer is asked once the tunnel is up"
+    );
+    h.event(Event::TunnelOpened {
+        server: PEER,
+        class: 3,
+    });
+    let asked = h.to_peer();
+    assert_eq!(asked.len(), 2);
+    for (_, m) in asked {
+        let PeerMsg::Connect { conn, class: 3 } = m else {
+            panic!()
+        };
+        h.event(Event::PeerVerdict {
+            server: PEER,
+            conn,
+            verdict: Ok(()),
+        });
+    }
+    let k1 = connected(h.answer(r1).unwrap());
+    let k2 = connected(h.answer(r2).unwrap());
+    assert_eq!(h.plane.translations[&k1], h.plane.translations[&k2]);
+    h.check();
+    // The class tunnel fails: its connections end, class 0 stays.
+    h.event(Event::TunnelFailed {
+        server: PEER,
+        class: 3,
+    });
+    assert_eq!(h.core.connections().count(), 0);
+    assert!(h.core.peers()[0].alive);
+    h.check();
+}
+
+#[test]
+fn waiting_for_a_peer_is_bounded() {
+    let mut c = config();
+    c.limits.pending_per_peer = 2;
+    let mut h = Harness::new(c);
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    for p in 1..=2 {
+        h.request(
+            A,
+            ClientRequest::Connect {
+                src_port: p,
+                dst: uid("10.0.0.2:5"),
+                dst_port: 9,
+                class: 0,
+            },
+        );
+    }
+    let r = h.ask(
+        A,
+        ClientRequest::Connect {
+            src_port: 3,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    assert_eq!(
+        r,
+        Err(ControlError::Limit("connections waiting for a peer"))
+    );
+}
+
+#[test]
+fn a_peer_may_connect_to_a_listening_resource_and_is_refused_otherwise() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let server = h.attach(A, "server");
+    h.listen(A, 80);
+    let key = ConnKey {
+        src: uid("10.0.0.2:4"),
+        src_port: 5000,
+        dst: server,
+        dst_port: 80,
+    };
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: key,
+            class: 0,
+        },
+        request: 900,
+    });
+    assert_eq!(h.answer(900), Some(Ok(Reply::Done)));
+    assert_eq!(
+        h.notices(),
+        vec![(server, ReqType::Connect, key.reversed(), Status::Ok)]
+    );
+    h.check();
+    let mut wrong = key;
+    wrong.dst_port = 81;
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: wrong,
+            class: 0,
+        },
+        request: 901,
+    });
+    assert_eq!(h.answer(901).unwrap().unwrap_err().kind(), "refused");
+    // A connection that does not start at the asking peer is refused.
+    let mut forged = key;
+    forged.src = uid("10.0.0.3:4");
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: forged,
+            class: 0,
+        },
+        request: 902,
+    });
+    assert_eq!(h.answer(902).unwrap().unwrap_err().kind(), "refused");
+    // The peer closes its connection: our end is told.
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Close { conn: key },
+        request: 0,
+    });
+    assert_eq!(
+        h.notices(),
+        vec![(server, ReqType::Close, key.reversed(), Status::Closed)]
+    );
+    assert!(h
+        .to_peer()
+        .iter()
+        .all(|(_, m)| !matches!(m, PeerMsg::Close { .. })));
+    h.check();
+}
+
+#[test]
+fn an_inbound_tunnel_from_a_known_peer_gets_routes_and_its_connections() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let server = h.attach(A, "server");
+    h.listen(A, 80);
+    let key = ConnKey {
+        src: uid("10.0.0.2:4"),
+        src_port: 5000,
+        dst: server,
+        dst_port: 80,
+    };
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: key,
+            class: 0,
+        },
+        request: 900,
+    });
+    h.event(Event::InboundTunnel {
+        tunnel: 7,
+        from: PEER,
+        class: 0,
+        mtu: 1400,
+    });
+    let t = h.core.inbound_tunnels()[0];
+    assert_eq!((t.tunnel, t.from), (7, PEER));
+    assert!(h.plane.ports[&t.port].allows.contains(&key));
+    h.check();
+    h.event(Event::InboundTunnel {
+        tunnel: 8,
+        from: uid("10.0.0.9:0").server(),
+        class: 0,
+        mtu: 1400,
+    });
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::DropTunnel { tunnel: 8 })));
+    // A second tunnel of the same class replaces the first.
+    h.event(Event::InboundTunnel {
+        tunnel: 9,
+        from: PEER,
+        class: 0,
+        mtu: 1400,
+    });
+    assert_eq!(h.core.inbound_tunnels().len(), 1);
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::DropTunnel { tunnel: 7 })));
+    h.check();
+    h.event(Event::InboundTunnelEnded { tunnel: 9 });
+    assert!(h.core.inbound_tunnels().is_empty());
+    h.check();
+}
+
+#[test]
+fn multi_hop_routes_point_every_source_but_the_relay_at_it_and_skip_translation() {
+    let mut c = config();
+    c.routes.push(MultiHopRoute {
+        from: "*".into(),
+        via: "relay".into(),
+        to: UidMatch {
+            key: uid("10.0.0.2:0"),
+            mask: u64::MAX >> 16 & !0xffff,
+        },
+    });
+    let mut h = Harness::new(c);
+    h.peer_up(PEER);
+    let client = h.attach(A, "client");
+    let relay_port = h.core.resource(2).unwrap().port;
+    let key = (uid("10.0.0.2:0").to_u64(), u64::MAX >> 16 & !0xffff);
+    for r in h.core.resources() {
+        let via = h.plane.ports[&r.port].routes.get(&key).copied();
+        match r.kind {
+            ResourceKind::Daemon => assert_ne!(via, Some(relay_port)),
+            _ if r.port == relay_port => assert_ne!(via, Some(relay_port)),
+            _ => assert_eq!(via, Some(relay_port), "{}", r.name),
+        }
+    }
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+        panic!()
+    };
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Ok(()),
+    });
+    assert_eq!(connected(h.answer(req).unwrap()).src, client);
+    assert!(h.plane.translations.is_empty(), "the relay route decides");
+    h.check();
+}
+
+#[test]
+fn events_wait_while_a_batch_is_in_flight_and_run_in_order() {
+    let mut h = Harness::new(config());
+    h.hold = true;
+    let r1 = h.request(A, ClientRequest::Attach { name: "a".into() });
+    let r2 = h.request(A, ClientRequest::Listen { port: 80 });
+    assert!(h.answer(r1).is_none() && h.answer(r2).is_none());
+    assert_eq!(h.held.len(), 1, "one batch at a time");
+    assert_eq!(h.core.poll_timeout(), None);
+    h.release();
+    assert!(matches!(h.answer(r1), Some(Ok(Reply::Attached { .. }))));
+    assert_eq!(h.answer(r2), Some(Ok(Reply::Port(80))));
+    h.check();
+}
+
+#[test]
+fn a_policy_is_set_through_the_plane_and_an_unknown_device_is_not_found() {
+    let mut h = Harness::new(config());
+    let r = h.ask(
+        A,
+        ClientRequest::SetPolicy {
+            device: 1,
+            policy: uniplane_dataplane::sched::Policy::RoundRobin,
+        },
+    );
+    assert_eq!(r, Ok(Reply::Done));
+    let r = h.ask(
+        A,
+        ClientRequest::SetPolicy {
+            device: 99,
+            policy: uniplane_dataplane::sched::Policy::RoundRobin,
+        },
+    );
+    assert_eq!(r.unwrap_err().kind(), "not-found");
+}
