@@ -248,6 +248,8 @@ struct Then {
     undo: Undo,
     /// The request told about a failure.
     fail: Option<RequestId>,
+    /// It repairs a refused batch (and is not repaired in turn).
+    repair: bool,
 }
 
 impl Then {
@@ -257,6 +259,7 @@ impl Then {
             tunnel_ready: None,
             undo: Undo::Nothing,
             fail: None,
+            repair: false,
         }
     }
 }
@@ -865,6 +868,7 @@ impl Control {
             undo: Undo::Connection(key),
             fail: Some(p.request),
             tunnel_ready: None,
+            repair: false,
         };
         tracing::info!(src = %key.src, dst = %key.dst, class = p.class, "remote connection open");
         self.sync(then);
@@ -924,8 +928,8 @@ impl Control {
         p.channel = true;
         p.last_seen = now;
         p.next_beat = Some(now);
-        if !p.tunnels.contains_key(&0) {
-            p.tunnels.insert(0, Tunnel::Opening);
+        if let std::collections::btree_map::Entry::Vacant(e) = p.tunnels.entry(0) {
+            e.insert(Tunnel::Opening);
             self.actions
                 .push_back(Action::OpenTunnel { server, class: 0 });
         }
@@ -973,6 +977,13 @@ impl Control {
             return Err(ControlError::Refused(
                 "connection does not join the two servers".into(),
             ));
+        }
+        if !self.peers.get(&from).is_some_and(Peer::alive) {
+            // Its traffic could not come back, nor would its end be torn
+            // down with the peer.
+            return Err(ControlError::PeerDown(format!(
+                "no channel from here to {from} yet"
+            )));
         }
         if !self.config.allows(key.src, key.dst, ReqType::Connect) {
             return Err(ControlError::Refused(format!(
@@ -1243,8 +1254,8 @@ impl Control {
             );
             match r {
                 Ok(_) => self.installed.apply(op),
-                // What a removal should take away is gone either way.
-                Err(_) if removal => self.installed.apply(op),
+                // A removal of what is not there leaves what it wanted.
+                Err(e) if removal && absent(&e) => self.installed.apply(op),
                 Err(e) => {
                     tracing::warn!(?op, "plane refused: {e}");
                     failure.get_or_insert(e);
@@ -1262,6 +1273,11 @@ impl Control {
         if let Some(request) = then.fail {
             self.answer(request, Err(ControlError::Plane(e)));
         }
+        if then.repair {
+            // A repair the plane refused again waits for the next decision,
+            // whose difference includes it: no loop against a stuck plane.
+            return;
+        }
         // Back to the picture of the rolled-back state.
         let target = self.picture();
         let ops = self.installed.diff(&target);
@@ -1274,7 +1290,10 @@ impl Control {
             self.job = Some(Job::Sync {
                 batch,
                 ops,
-                then: Then::nothing(),
+                then: Then {
+                    repair: true,
+                    ..Then::nothing()
+                },
             });
         }
     }
@@ -1698,6 +1717,16 @@ impl Control {
     pub fn is_idle(&self) -> bool {
         self.job.is_none()
     }
+}
+
+/// Whether a plane error says the entry or port is not there.
+fn absent(e: &PlaneError) -> bool {
+    matches!(
+        e,
+        PlaneError::NoSuchPort(_)
+            | PlaneError::NoTranslation(_)
+            | PlaneError::Table(uniplane_overlay::table::TableError::NotFound { .. })
+    )
 }
 
 fn device_spec(name: &str) -> PortSpec {

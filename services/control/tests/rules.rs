@@ -274,7 +274,7 @@ fn a_remote_connection_is_installed_only_after_the_peers_verdict() {
         },
     );
     assert!(h.answer(req).is_none(), "waits for the peer");
-    let asked = h.to_peer();
+    let asked = h.sent_to_peer();
     let key = match asked.as_slice() {
         [(s, PeerMsg::Connect { conn, class: 0 })] if *s == PEER => *conn,
         other => panic!("{other:?}"),
@@ -306,7 +306,7 @@ fn a_peers_refusal_is_the_callers_refusal() {
             class: 0,
         },
     );
-    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
         panic!()
     };
     h.event(Event::PeerVerdict {
@@ -335,7 +335,7 @@ fn a_peer_that_does_not_answer_in_time_times_out_and_is_told_to_let_go() {
             class: 0,
         },
     );
-    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
         panic!()
     };
     // Keep the peer alive while we wait.
@@ -356,14 +356,14 @@ fn a_peer_that_does_not_answer_in_time_times_out_and_is_told_to_let_go() {
     h.advance(Duration::from_millis(100));
     let a = h.answer(req).expect("timed out");
     assert_eq!(a.unwrap_err().kind(), "timeout");
-    assert!(h.to_peer().contains(&(PEER, PeerMsg::Close { conn })));
+    assert!(h.sent_to_peer().contains(&(PEER, PeerMsg::Close { conn })));
     // A verdict after the timeout is told to let go too.
     h.event(Event::PeerVerdict {
         server: PEER,
         conn,
         verdict: Ok(()),
     });
-    assert_eq!(h.to_peer(), vec![(PEER, PeerMsg::Close { conn })]);
+    assert_eq!(h.sent_to_peer(), vec![(PEER, PeerMsg::Close { conn })]);
     assert_eq!(h.core.connections().count(), 0);
     h.check();
 }
@@ -391,7 +391,7 @@ fn heartbeats_go_to_each_live_channel_every_interval() {
         });
     }
     let beats = h
-        .to_peer()
+        .sent_to_peer()
         .iter()
         .filter(|(s, m)| *s == PEER && *m == PeerMsg::Heartbeat)
         .count();
@@ -413,7 +413,7 @@ fn a_silent_peer_is_declared_failed_within_misses_heartbeats_and_owners_told() {
             class: 0,
         },
     );
-    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
         panic!()
     };
     h.event(Event::PeerVerdict {
@@ -498,14 +498,14 @@ fn a_class_tunnel_opens_on_first_use_and_is_shared() {
         .count();
     assert_eq!(opens, 1);
     assert!(
-        h.to_peer().is_empty(),
+        h.sent_to_peer().is_empty(),
         "the peer is asked once the tunnel is up"
     );
     h.event(Event::TunnelOpened {
         server: PEER,
         class: 3,
     });
-    let asked = h.to_peer();
+    let asked = h.sent_to_peer();
     assert_eq!(asked.len(), 2);
     for (_, m) in asked {
         let PeerMsg::Connect { conn, class: 3 } = m else {
@@ -624,7 +624,7 @@ fn a_peer_may_connect_to_a_listening_resource_and_is_refused_otherwise() {
         vec![(server, ReqType::Close, key.reversed(), Status::Closed)]
     );
     assert!(h
-        .to_peer()
+        .sent_to_peer()
         .iter()
         .all(|(_, m)| !matches!(m, PeerMsg::Close { .. })));
     h.check();
@@ -721,7 +721,7 @@ fn multi_hop_routes_point_every_source_but_the_relay_at_it_and_skip_translation(
             class: 0,
         },
     );
-    let PeerMsg::Connect { conn, .. } = h.to_peer().remove(0).1 else {
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
         panic!()
     };
     h.event(Event::PeerVerdict {
@@ -768,4 +768,38 @@ fn a_policy_is_set_through_the_plane_and_an_unknown_device_is_not_found() {
         },
     );
     assert_eq!(r.unwrap_err().kind(), "not-found");
+}
+
+#[test]
+fn a_peer_is_not_admitted_before_our_channel_to_it_is_up() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.listen(A, 80);
+    let key = ConnKey {
+        src: uid("10.0.0.2:4"),
+        src_port: 5000,
+        dst: server,
+        dst_port: 80,
+    };
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: key,
+            class: 0,
+        },
+        request: 900,
+    });
+    assert_eq!(h.answer(900).unwrap().unwrap_err().kind(), "peer-down");
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn a_refused_removal_is_retried_and_never_leaves_a_route_to_a_gone_port() {
+    let mut h = Harness::new(config());
+    let gone = h.attach(A, "gone");
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::RemoveRoute(..)));
+    h.event(Event::ClientClosed { session: A });
+    assert!(h.core.resource(gone.device()).is_none());
+    h.check();
 }

@@ -338,7 +338,7 @@ impl Harness {
     }
 
     /// Messages to peers, taken out of `out`.
-    pub fn to_peer(&mut self) -> Vec<(Ipv4Addr, PeerMsg)> {
+    pub fn sent_to_peer(&mut self) -> Vec<(Ipv4Addr, PeerMsg)> {
         let mut got = Vec::new();
         self.out.retain(|a| match a {
             Action::ToPeer { server, msg } => {
