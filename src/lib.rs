@@ -6,8 +6,9 @@
 //! write/read, carried by pluggable [`Stack`]s.
 //!
 //! This facade re-exports what applications use; the crates behind it are
-//! `uniplane-dataplane` (the vocabulary and traits) and `uniplane-stacks`
-//! (the transports).
+//! `uniplane-dataplane` (the vocabulary and traits), `uniplane-stacks`
+//! (the transports) and `uniplane-client` (the client library of the host
+//! daemon, as [`client`]).
 
 #![deny(missing_docs)]
 
@@ -15,6 +16,8 @@ pub use uniplane_dataplane::{
     codec, fault, pcap, wire, BoxLink, BoxListener, Capabilities, Endpoint, Link, LinkError,
     LinkExt, Locator, MemoryAddress, Message, ParseUidError, Stack, StackError, Target, Uid,
 };
+
+pub use uniplane_client as client;
 
 /// The transports.
 pub mod stacks {

@@ -164,6 +164,28 @@ impl AccessControl {
         self.connections.len()
     }
 
+    /// The admitted connections, one direction of each (the one with the
+    /// smaller source), sorted.
+    pub fn connection_keys(&self) -> Vec<ConnKey> {
+        let mut out: Vec<ConnKey> = self
+            .connections
+            .iter()
+            .copied()
+            .filter(|c| {
+                let r = c.reversed();
+                (c.src.to_u64(), c.src_port) <= (r.src.to_u64(), r.src_port)
+                    || !self.connections.contains(&r)
+            })
+            .collect();
+        out.sort_by_key(|c| (c.src.to_u64(), c.src_port, c.dst.to_u64(), c.dst_port));
+        out
+    }
+
+    /// The connectionless rules in the order they are checked.
+    pub fn rules(&self) -> &[AclRule] {
+        &self.rules
+    }
+
     /// Appends a connectionless rule (checked after earlier ones).
     pub fn push_rule(&mut self, rule: AclRule) {
         self.rules.push(rule);

@@ -29,20 +29,20 @@
 //! running engine through a command ring.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use uniplane_dataplane::ring::{ring, ring_link, Consumer, Producer, RingLink};
+use uniplane_dataplane::ring::{ring_link, Consumer, Producer, RingLink};
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{Message, Uid};
 
 use crate::acl::{AccessControl, AclRule, ConnKey};
 use crate::crossbar::Crossbar;
-use crate::plane::{ForwardingPlane, PlaneError, PortCounters, PortKind};
+use crate::plane::{ForwardingPlane, PlaneError, PlaneOp, PortCounters, PortDump, PortSpec};
+use crate::remote::{PlaneFuture, PlaneHandle, PlaneInbox, PlaneRemote};
 use crate::segment::{segment, segments_needed, Reassembler};
 use crate::table::{ForwardingTable, Route};
 use crate::translator::Translator;
@@ -81,39 +81,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// A port's static description.
-#[derive(Clone, Debug)]
-pub struct PortSpec {
-    /// What the port connects.
-    pub kind: PortKind,
-    /// A name for counters and logs.
-    pub name: String,
-    /// Largest payload one message leaving through this port may carry;
-    /// larger ones are cut into segments.
-    pub mtu: usize,
-}
-
-impl PortSpec {
-    /// An application port with no MTU limit below the message limit.
-    pub fn app(name: &str) -> Self {
-        PortSpec {
-            kind: PortKind::App,
-            name: name.to_owned(),
-            mtu: Message::MAX_PAYLOAD,
-        }
-    }
-
-    /// A tunnel port of traffic class `class` whose stack carries at most
-    /// `mtu` payload bytes per message.
-    pub fn tunnel(name: &str, class: u8, mtu: usize) -> Self {
-        PortSpec {
-            kind: PortKind::Tunnel { class },
-            name: name.to_owned(),
-            mtu,
-        }
-    }
-}
-
 struct Port {
     spec: PortSpec,
     input: Consumer<Message>,
@@ -130,31 +97,6 @@ enum Fate {
     Answer(Status),
 }
 
-/// A control request to a running engine.
-enum Command {
-    AddPort(
-        PortSpec,
-        Box<uniplane_dataplane::ring::RingPort>,
-        SyncSender<Result<PortId, PlaneError>>,
-    ),
-    Plane(PlaneOp, SyncSender<Result<PortCounters, PlaneError>>),
-}
-
-enum PlaneOp {
-    AddRoute(PortId, Route),
-    RemoveRoute(PortId, Uid, u64),
-    SetDefault(PortId, Option<PortId>),
-    Allow(PortId, ConnKey),
-    Revoke(PortId, ConnKey),
-    AddRule(PortId, AclRule),
-    ClearRules(PortId),
-    AddTranslation(ConnKey, PortId),
-    RemoveTranslation(ConnKey),
-    SetPolicy(PortId, Policy),
-    Counters(PortId),
-    Detach(PortId),
-}
-
 /// The overlay engine. See the module documentation.
 pub struct Engine {
     config: EngineConfig,
@@ -163,7 +105,8 @@ pub struct Engine {
     mtu: Vec<usize>,
     crossbar: Crossbar,
     translator: Translator,
-    commands: Option<Consumer<Command>>,
+    /// Control batches from an [`EngineHandle`], once spawned.
+    commands: Option<PlaneInbox>,
     /// Where the next step starts reading, so no input is always first.
     start: usize,
     last_expiry: Duration,
@@ -187,13 +130,6 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.config
-    }
-
-    /// Attaches a port and returns its number and the link its user holds.
-    pub fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
-        let (link, port) = ring_link(self.config.ring_depth);
-        let id = self.attach_rings(spec, port)?;
-        Ok((id, link))
     }
 
     fn attach_rings(
@@ -227,19 +163,6 @@ impl Engine {
             .get_mut(id as usize)
             .and_then(Option::as_mut)
             .ok_or(PlaneError::NoSuchPort(id))
-    }
-
-    /// Removes port `id`, returning its last counters. Messages queued for
-    /// it (or from it) can no longer be delivered and go with it; routes
-    /// that name the port answer as misses until the control plane
-    /// removes them, and translations to it are removed.
-    pub fn detach(&mut self, id: PortId) -> Result<PortCounters, PlaneError> {
-        let counters = self.counters(id)?;
-        self.ports[id as usize] = None;
-        self.mtu[id as usize] = 0;
-        self.crossbar.clear_output(id);
-        self.translator.retain(|_, out| out != id);
-        Ok(counters)
     }
 
     /// The name of port `id`.
@@ -423,48 +346,18 @@ impl Engine {
     }
 
     fn apply_commands(&mut self) {
-        let Some(mut commands) = self.commands.take() else {
-            return;
-        };
-        while let Some(cmd) = commands.pop() {
-            match cmd {
-                Command::AddPort(spec, rings, reply) => {
-                    let _ = reply.send(self.attach_rings(spec, *rings));
-                }
-                Command::Plane(op, reply) => {
-                    let _ = reply.send(self.apply(op));
-                }
-            }
-        }
-        commands.release();
-        self.commands = Some(commands);
-    }
-
-    fn apply(&mut self, op: PlaneOp) -> Result<PortCounters, PlaneError> {
-        let done = PortCounters::default();
-        match op {
-            PlaneOp::AddRoute(p, r) => self.add_route(p, r).map(|_| done),
-            PlaneOp::RemoveRoute(p, k, m) => self.remove_route(p, k, m).map(|_| done),
-            PlaneOp::SetDefault(p, o) => self.set_default_route(p, o).map(|_| done),
-            PlaneOp::Allow(p, c) => self.allow_connection(p, c).map(|_| done),
-            PlaneOp::Revoke(p, c) => self.revoke_connection(p, c).map(|_| done),
-            PlaneOp::AddRule(p, r) => self.add_acl_rule(p, r).map(|_| done),
-            PlaneOp::ClearRules(p) => self.clear_acl_rules(p).map(|_| done),
-            PlaneOp::AddTranslation(c, o) => self.add_translation(c, o).map(|_| done),
-            PlaneOp::RemoveTranslation(c) => self.remove_translation(c).map(|_| done),
-            PlaneOp::SetPolicy(o, p) => self.set_policy(o, p).map(|_| done),
-            PlaneOp::Counters(p) => self.counters(p),
-            PlaneOp::Detach(p) => self.detach(p),
+        if let Some(mut inbox) = self.commands.take() {
+            inbox.serve(self);
+            self.commands = Some(inbox);
         }
     }
 
     /// Runs the engine on a thread of its own until the handle stops it.
     pub fn spawn(mut self, mode: RunMode) -> EngineHandle {
-        let (producer, consumer) = ring(64);
-        self.commands = Some(consumer);
+        let (remote, inbox) = crate::remote::channel("engine", 64);
+        self.commands = Some(inbox);
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let ring_depth = self.config.ring_depth;
         let join = std::thread::Builder::new()
             .name("uniplane-engine".into())
             .spawn(move || self.run(mode, &stop2))
@@ -472,11 +365,10 @@ impl Engine {
             .map(Arc::new);
         let thread = join.as_ref().map(|j| j.thread().clone());
         EngineHandle {
-            commands: Arc::new(Mutex::new(producer)),
+            remote,
             stop,
             thread,
             join,
-            ring_depth,
         }
     }
 
@@ -515,8 +407,8 @@ impl Engine {
     /// work turned up meanwhile.
     fn arm(&mut self, cx: &mut Context<'_>) -> bool {
         let mut ready = false;
-        if let Some(c) = self.commands.as_mut() {
-            ready |= matches!(c.poll_available(cx), Poll::Ready(true));
+        if let Some(c) = self.commands.as_ref() {
+            ready |= c.poll_pending(cx).is_ready();
         }
         for (i, port) in self.ports.iter_mut().enumerate() {
             let Some(port) = port else { continue };
@@ -530,6 +422,50 @@ impl Engine {
 }
 
 impl ForwardingPlane for Engine {
+    fn kind(&self) -> &'static str {
+        "engine"
+    }
+
+    fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
+        let (link, port) = ring_link(self.config.ring_depth);
+        let id = self.attach_rings(spec, port)?;
+        Ok((id, link))
+    }
+
+    /// Removes port `id`, returning its last counters. Messages queued for
+    /// it (or from it) can no longer be delivered and go with it; routes
+    /// that name the port answer as misses until the control plane
+    /// removes them, and translations to it are removed.
+    fn detach(&mut self, id: PortId) -> Result<PortCounters, PlaneError> {
+        let counters = self.counters(id)?;
+        self.ports[id as usize] = None;
+        self.mtu[id as usize] = 0;
+        self.crossbar.clear_output(id);
+        self.translator.retain(|_, out| out != id);
+        Ok(counters)
+    }
+
+    fn dump(&mut self, port: PortId) -> Result<PortDump, PlaneError> {
+        let counters = self.counters(port)?;
+        let policy = Some(self.crossbar.policy(port).clone());
+        let p = self.port_mut(port)?;
+        Ok(PortDump {
+            port,
+            name: p.spec.name.clone(),
+            kind: Some(p.spec.kind),
+            routes: p.table.routes(),
+            default_route: p.table.default_route(),
+            connections: p.acl.connection_keys(),
+            rules: p.acl.rules().to_vec(),
+            policy,
+            counters,
+        })
+    }
+
+    fn translations(&mut self) -> Result<Vec<(ConnKey, PortId)>, PlaneError> {
+        Ok(self.translator.entries())
+    }
+
     fn add_route(&mut self, port: PortId, route: Route) -> Result<(), PlaneError> {
         Ok(self.port_mut(port)?.table.insert(route)?)
     }
@@ -617,64 +553,26 @@ impl Wake for ThreadWaker {
 }
 
 /// Controls an engine running on its own thread. Cloning is cheap; every
-/// clone talks to the same engine. Control requests block for the few
-/// microseconds the engine takes to apply them (not for use on hot paths).
+/// clone talks to the same engine. As a [`PlaneHandle`] it submits
+/// batches without blocking (what a daemon uses); as a
+/// [`ForwardingPlane`] each call parks the caller until the engine
+/// applied it (tests, benchmarks, tools — never on an async runtime).
 #[derive(Clone)]
 pub struct EngineHandle {
-    commands: Arc<Mutex<Producer<Command>>>,
+    remote: PlaneRemote,
     stop: Arc<AtomicBool>,
     thread: Option<Thread>,
     join: Option<Arc<JoinHandle<Engine>>>,
-    ring_depth: usize,
 }
 
 impl EngineHandle {
-    fn send(&self, cmd: Command) -> Result<(), PlaneError> {
-        let mut p = self.commands.lock().map_err(|_| PlaneError::EngineGone)?;
-        let mut cmd = Some(cmd);
-        // The engine drains commands every pass; a full ring clears fast.
-        for _ in 0..1_000_000 {
-            if p.is_closed() || self.stop.load(Ordering::Acquire) {
-                return Err(PlaneError::EngineGone);
-            }
-            match cmd.take().map(|c| p.push(c)) {
-                Some(Ok(())) => {
-                    p.flush();
-                    if let Some(t) = &self.thread {
-                        t.unpark();
-                    }
-                    return Ok(());
-                }
-                Some(Err(c)) => {
-                    cmd = Some(c);
-                    p.flush();
-                    std::thread::yield_now();
-                }
-                None => break,
-            }
-        }
-        Err(PlaneError::EngineGone)
+    fn op(&self, op: PlaneOp) -> Result<crate::plane::PlaneReply, PlaneError> {
+        self.remote.apply_blocking(op)
     }
 
-    fn op(&self, op: PlaneOp) -> Result<PortCounters, PlaneError> {
-        let (tx, rx) = sync_channel(1);
-        self.send(Command::Plane(op, tx))?;
-        rx.recv().map_err(|_| PlaneError::EngineGone)?
-    }
-
-    /// Removes a port from the running engine; see [`Engine::detach`].
-    pub fn detach(&self, port: PortId) -> Result<PortCounters, PlaneError> {
-        self.op(PlaneOp::Detach(port))
-    }
-
-    /// Attaches a port to the running engine; returns its number and the
-    /// link its user holds.
-    pub fn attach(&self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
-        let (link, rings) = ring_link(self.ring_depth);
-        let (tx, rx) = sync_channel(1);
-        self.send(Command::AddPort(spec, Box::new(rings), tx))?;
-        let id = rx.recv().map_err(|_| PlaneError::EngineGone)??;
-        Ok((id, link))
+    /// The asynchronous, batched handle of this engine.
+    pub fn remote(&self) -> PlaneRemote {
+        self.remote.clone()
     }
 
     /// Stops the engine thread and waits for it; returns the engine (with
@@ -689,7 +587,40 @@ impl EngineHandle {
     }
 }
 
+impl PlaneHandle for EngineHandle {
+    fn kind(&self) -> &'static str {
+        "engine"
+    }
+
+    fn submit(&self, ops: Vec<PlaneOp>) -> PlaneFuture {
+        self.remote.submit(ops)
+    }
+}
+
 impl ForwardingPlane for EngineHandle {
+    fn kind(&self) -> &'static str {
+        "engine"
+    }
+    fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
+        self.op(PlaneOp::Attach(spec))?
+            .into_attached()
+            .ok_or(PlaneError::EngineGone)
+    }
+    fn detach(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
+        counters(self.op(PlaneOp::Detach(port))?)
+    }
+    fn dump(&mut self, port: PortId) -> Result<PortDump, PlaneError> {
+        match self.op(PlaneOp::Dump(port))? {
+            crate::plane::PlaneReply::Dump(d) => Ok(*d),
+            _ => Err(PlaneError::EngineGone),
+        }
+    }
+    fn translations(&mut self) -> Result<Vec<(ConnKey, PortId)>, PlaneError> {
+        match self.op(PlaneOp::Translations)? {
+            crate::plane::PlaneReply::Translations(t) => Ok(t),
+            _ => Err(PlaneError::EngineGone),
+        }
+    }
     fn add_route(&mut self, port: PortId, route: Route) -> Result<(), PlaneError> {
         self.op(PlaneOp::AddRoute(port, route)).map(drop)
     }
@@ -721,6 +652,13 @@ impl ForwardingPlane for EngineHandle {
         self.op(PlaneOp::SetPolicy(output, policy)).map(drop)
     }
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
-        self.op(PlaneOp::Counters(port))
+        counters(self.op(PlaneOp::Counters(port))?)
+    }
+}
+
+fn counters(reply: crate::plane::PlaneReply) -> Result<PortCounters, PlaneError> {
+    match reply {
+        crate::plane::PlaneReply::Counters(c) => Ok(c),
+        _ => Err(PlaneError::EngineGone),
     }
 }

@@ -15,12 +15,16 @@ pub mod acl;
 pub mod crossbar;
 pub mod engine;
 pub mod plane;
+pub mod remote;
 pub mod segment;
 pub mod table;
 pub mod translator;
 
-pub use engine::{Engine, EngineConfig, EngineHandle, PortSpec, RunMode};
-pub use plane::{ForwardingPlane, PlaneError, PortCounters, PortKind};
+pub use engine::{Engine, EngineConfig, EngineHandle, RunMode};
+pub use plane::{
+    ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortKind, PortSpec,
+};
+pub use remote::{PlaneFuture, PlaneHandle, PlaneInbox, PlaneRemote};
 
 /// Index of a port of the engine.
 pub type PortId = u16;

@@ -1,8 +1,9 @@
 //! The control API of a forwarding plane: what the host daemon programs,
 //! whether the plane is this software engine or the RTL under `hw/`.
 
+use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::{Policy, PolicyError};
-use uniplane_dataplane::Uid;
+use uniplane_dataplane::{Message, Uid};
 
 use crate::acl::{AclRule, ConnKey};
 use crate::segment::ReassemblyStats;
@@ -29,6 +30,39 @@ impl PortKind {
     /// Whether messages leaving through this port are reassembled first.
     pub fn reassembles(self) -> bool {
         !matches!(self, PortKind::Tunnel { .. })
+    }
+}
+
+/// A port's static description.
+#[derive(Clone, Debug)]
+pub struct PortSpec {
+    /// What the port connects.
+    pub kind: PortKind,
+    /// A name for counters and logs.
+    pub name: String,
+    /// Largest payload one message leaving through this port may carry;
+    /// larger ones are cut into segments.
+    pub mtu: usize,
+}
+
+impl PortSpec {
+    /// An application port with no MTU limit below the message limit.
+    pub fn app(name: &str) -> Self {
+        PortSpec {
+            kind: PortKind::App,
+            name: name.to_owned(),
+            mtu: Message::MAX_PAYLOAD,
+        }
+    }
+
+    /// A tunnel port of traffic class `class` whose stack carries at most
+    /// `mtu` payload bytes per message.
+    pub fn tunnel(name: &str, class: u8, mtu: usize) -> Self {
+        PortSpec {
+            kind: PortKind::Tunnel { class },
+            name: name.to_owned(),
+            mtu,
+        }
     }
 }
 
@@ -81,12 +115,132 @@ pub enum PlaneError {
     /// The engine stopped.
     #[error("the engine is not running")]
     EngineGone,
+    /// The plane cannot do this at all (a fixed-function part lacks it).
+    #[error("the {plane} plane cannot {what}")]
+    Unsupported {
+        /// Which plane.
+        plane: &'static str,
+        /// What was asked.
+        what: &'static str,
+    },
+    /// The plane's control queue is full: try again once earlier
+    /// operations completed.
+    #[error("the plane's control queue is full")]
+    Busy,
+}
+
+/// One control operation, as data: what [`ForwardingPlane::apply`] takes
+/// and what a [`PlaneHandle`](crate::remote::PlaneHandle) carries to a
+/// plane on another thread, in batches.
+#[derive(Clone, Debug)]
+pub enum PlaneOp {
+    /// [`ForwardingPlane::attach`].
+    Attach(PortSpec),
+    /// [`ForwardingPlane::detach`].
+    Detach(PortId),
+    /// [`ForwardingPlane::add_route`].
+    AddRoute(PortId, Route),
+    /// [`ForwardingPlane::remove_route`]: port, key, mask.
+    RemoveRoute(PortId, Uid, u64),
+    /// [`ForwardingPlane::set_default_route`].
+    SetDefault(PortId, Option<PortId>),
+    /// [`ForwardingPlane::allow_connection`].
+    Allow(PortId, ConnKey),
+    /// [`ForwardingPlane::revoke_connection`].
+    Revoke(PortId, ConnKey),
+    /// [`ForwardingPlane::add_acl_rule`].
+    AddRule(PortId, AclRule),
+    /// [`ForwardingPlane::clear_acl_rules`].
+    ClearRules(PortId),
+    /// [`ForwardingPlane::add_translation`].
+    AddTranslation(ConnKey, PortId),
+    /// [`ForwardingPlane::remove_translation`].
+    RemoveTranslation(ConnKey),
+    /// [`ForwardingPlane::set_policy`].
+    SetPolicy(PortId, Policy),
+    /// [`ForwardingPlane::counters`].
+    Counters(PortId),
+    /// [`ForwardingPlane::dump`].
+    Dump(PortId),
+    /// [`ForwardingPlane::translations`].
+    Translations,
+}
+
+/// What a [`PlaneOp`] gave back.
+pub enum PlaneReply {
+    /// The change is in place.
+    Done,
+    /// A port was attached: its number and the link its user holds.
+    Attached(PortId, RingLink),
+    /// A port's counters (also what a detached port counted last).
+    Counters(PortCounters),
+    /// A port's tables as the plane holds them.
+    Dump(Box<PortDump>),
+    /// Every translator entry as the plane holds it.
+    Translations(Vec<(ConnKey, PortId)>),
+}
+
+impl std::fmt::Debug for PlaneReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlaneReply::Done => f.write_str("Done"),
+            PlaneReply::Attached(p, _) => f.debug_tuple("Attached").field(p).finish(),
+            PlaneReply::Counters(c) => f.debug_tuple("Counters").field(c).finish(),
+            PlaneReply::Dump(d) => f.debug_tuple("Dump").field(d).finish(),
+            PlaneReply::Translations(t) => f.debug_tuple("Translations").field(t).finish(),
+        }
+    }
+}
+
+impl PlaneReply {
+    /// The attached port, when this answers an attach.
+    pub fn into_attached(self) -> Option<(PortId, RingLink)> {
+        match self {
+            PlaneReply::Attached(p, l) => Some((p, l)),
+            _ => None,
+        }
+    }
+}
+
+/// One port's state read back from the plane (never from a copy kept by
+/// its controller): what `uniplane plane dump` prints.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PortDump {
+    /// The port.
+    pub port: PortId,
+    /// Its name, where the plane keeps one.
+    pub name: String,
+    /// What it connects, where the plane keeps it.
+    pub kind: Option<PortKind>,
+    /// Forwarding entries, in the order the plane prefers them.
+    pub routes: Vec<Route>,
+    /// Where misses go.
+    pub default_route: Option<PortId>,
+    /// Admitted connections, one direction of each.
+    pub connections: Vec<ConnKey>,
+    /// Connectionless rules in the order they are checked.
+    pub rules: Vec<AclRule>,
+    /// The scheduling policy of the port's output.
+    pub policy: Option<Policy>,
+    /// Its counters.
+    pub counters: PortCounters,
 }
 
 /// The control API every forwarding plane implements: the software engine
 /// (directly, or through a handle to its thread) and the RTL backend
 /// (through its register map).
 pub trait ForwardingPlane {
+    /// The plane's name for logs and errors: `engine` or `rtl`.
+    fn kind(&self) -> &'static str;
+    /// Attaches a port; returns its number and the link its user holds.
+    fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError>;
+    /// Removes a port and everything queued for it; returns its last
+    /// counters. Routes naming it elsewhere stay until removed.
+    fn detach(&mut self, port: PortId) -> Result<PortCounters, PlaneError>;
+    /// Reads `port`'s tables and counters back from the plane.
+    fn dump(&mut self, port: PortId) -> Result<PortDump, PlaneError>;
+    /// Reads every translator entry back from the plane.
+    fn translations(&mut self) -> Result<Vec<(ConnKey, PortId)>, PlaneError>;
     /// Adds or replaces a forwarding entry of `port`'s connector.
     fn add_route(&mut self, port: PortId, route: Route) -> Result<(), PlaneError>;
     /// Removes the entry with `key` and `mask` from `port`'s table.
@@ -111,4 +265,26 @@ pub trait ForwardingPlane {
     fn set_policy(&mut self, output: PortId, policy: Policy) -> Result<(), PlaneError>;
     /// Reads `port`'s counters.
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError>;
+
+    /// Carries out one operation given as data.
+    fn apply(&mut self, op: PlaneOp) -> Result<PlaneReply, PlaneError> {
+        let done = |r: Result<(), PlaneError>| r.map(|()| PlaneReply::Done);
+        match op {
+            PlaneOp::Attach(spec) => self.attach(spec).map(|(p, l)| PlaneReply::Attached(p, l)),
+            PlaneOp::Detach(p) => self.detach(p).map(PlaneReply::Counters),
+            PlaneOp::AddRoute(p, r) => done(self.add_route(p, r)),
+            PlaneOp::RemoveRoute(p, k, m) => done(self.remove_route(p, k, m)),
+            PlaneOp::SetDefault(p, o) => done(self.set_default_route(p, o)),
+            PlaneOp::Allow(p, c) => done(self.allow_connection(p, c)),
+            PlaneOp::Revoke(p, c) => done(self.revoke_connection(p, c)),
+            PlaneOp::AddRule(p, r) => done(self.add_acl_rule(p, r)),
+            PlaneOp::ClearRules(p) => done(self.clear_acl_rules(p)),
+            PlaneOp::AddTranslation(c, o) => done(self.add_translation(c, o)),
+            PlaneOp::RemoveTranslation(c) => done(self.remove_translation(c)),
+            PlaneOp::SetPolicy(o, p) => done(self.set_policy(o, p)),
+            PlaneOp::Counters(p) => self.counters(p).map(PlaneReply::Counters),
+            PlaneOp::Dump(p) => self.dump(p).map(|d| PlaneReply::Dump(Box::new(d))),
+            PlaneOp::Translations => self.translations().map(PlaneReply::Translations),
+        }
+    }
 }

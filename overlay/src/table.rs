@@ -106,6 +106,38 @@ impl ForwardingTable {
         }
     }
 
+    /// Every entry (the default entry not included), highest priority
+    /// first, then longer masks, then by key: the table as it forwards.
+    pub fn routes(&self) -> Vec<Route> {
+        let mut out: Vec<Route> = self
+            .groups
+            .iter()
+            .flat_map(|g| {
+                // Keys are stored masked to at most 48 bits: always a UID.
+                g.entries.iter().filter_map(move |(key, (priority, port))| {
+                    Some(Route {
+                        key: Uid::from_u64(*key)?,
+                        mask: g.mask,
+                        priority: *priority,
+                        port: *port,
+                    })
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(b.mask.count_ones().cmp(&a.mask.count_ones()))
+                .then(a.key.to_u64().cmp(&b.key.to_u64()))
+        });
+        out
+    }
+
+    /// Where what no entry matches goes.
+    pub fn default_route(&self) -> Option<PortId> {
+        self.default
+    }
+
     /// Entries held (the default entry not counted).
     pub fn len(&self) -> usize {
         self.len

@@ -32,6 +32,13 @@ impl Translator {
         self.entries.insert(conn, out);
     }
 
+    /// Every entry, sorted by connection.
+    pub fn entries(&self) -> Vec<(ConnKey, PortId)> {
+        let mut out: Vec<(ConnKey, PortId)> = self.entries.iter().map(|(c, p)| (*c, *p)).collect();
+        out.sort_by_key(|(c, _)| (c.src.to_u64(), c.src_port, c.dst.to_u64(), c.dst_port));
+        out
+    }
+
     /// Removes `conn`'s entry; whether there was one.
     pub fn remove(&mut self, conn: ConnKey) -> bool {
         self.entries.remove(&conn).is_some()

@@ -1,250 +1,29 @@
-//! The control protocol: JSON lines over the daemon's Unix socket (for
-//! applications and the CLI) and over TCP between peer daemons.
-//!
-//! Each request is one JSON object on one line with an `op` field; each
-//! answer is one line, `{"ok": true, "result": …}` or `{"ok": false,
-//! "error": {"kind": …, "message": …}}`. A malformed request gets an error
-//! answer and changes nothing. Lines are limited to [`MAX_LINE`] bytes.
+//! The control protocol, as the daemon sees it: the protocol itself lives
+//! in the client crate ([`uniplane_client::protocol`]), which applications
+//! link without the daemon; this module re-exports it and adds the
+//! conversions to the overlay's [`ConnKey`].
 
-use std::net::Ipv4Addr;
+pub use uniplane_client::protocol::*;
+use uniplane_overlay::acl::ConnKey;
 
-use serde::{Deserialize, Serialize};
-use uniplane_dataplane::Uid;
-
-/// Longest control line accepted, in bytes.
-pub const MAX_LINE: usize = 64 * 1024;
-
-/// Reads one line of at most [`MAX_LINE`] bytes (one more is read to tell
-/// an oversized line); returns the bytes read, 0 at the end of the stream.
-pub async fn read_line<R>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<usize>
-where
-    R: tokio::io::AsyncBufRead + Unpin,
-{
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
-    line.clear();
-    reader
-        .take(MAX_LINE as u64 + 1)
-        .read_until(b'\n', line)
-        .await
-}
-
-/// Writes `value` as one JSON line.
-pub async fn write_line<W, T>(writer: &mut W, value: &T) -> std::io::Result<()>
-where
-    W: tokio::io::AsyncWrite + Unpin,
-    T: Serialize,
-{
-    use tokio::io::AsyncWriteExt;
-    let mut out = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    out.push(b'\n');
-    writer.write_all(&out).await
-}
-
-/// A UID as text (`10.0.0.7:3`) in JSON.
-pub mod uid_text {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use uniplane_dataplane::Uid;
-
-    /// Writes a UID as its text form.
-    pub fn serialize<S: Serializer>(uid: &Uid, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(uid)
-    }
-
-    /// Reads a UID from its text form.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Uid, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+/// The overlay's key of a connection the protocol names.
+pub fn conn_key(c: ConnSpec) -> ConnKey {
+    ConnKey {
+        src: c.src,
+        src_port: c.src_port,
+        dst: c.dst,
+        dst_port: c.dst_port,
     }
 }
 
-/// A connection as the control protocol names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ConnSpec {
-    /// The connecting resource.
-    #[serde(with = "uid_text")]
-    pub src: Uid,
-    /// Its port.
-    pub src_port: u16,
-    /// The accepting resource.
-    #[serde(with = "uid_text")]
-    pub dst: Uid,
-    /// Its port.
-    pub dst_port: u16,
-}
-
-impl From<ConnSpec> for uniplane_overlay::acl::ConnKey {
-    fn from(c: ConnSpec) -> Self {
-        uniplane_overlay::acl::ConnKey {
-            src: c.src,
-            src_port: c.src_port,
-            dst: c.dst,
-            dst_port: c.dst_port,
-        }
+/// The protocol's name of a connection the overlay keys.
+pub fn conn_spec(c: ConnKey) -> ConnSpec {
+    ConnSpec {
+        src: c.src,
+        src_port: c.src_port,
+        dst: c.dst,
+        dst_port: c.dst_port,
     }
-}
-
-impl From<uniplane_overlay::acl::ConnKey> for ConnSpec {
-    fn from(c: uniplane_overlay::acl::ConnKey) -> Self {
-        ConnSpec {
-            src: c.src,
-            src_port: c.src_port,
-            dst: c.dst,
-            dst_port: c.dst_port,
-        }
-    }
-}
-
-/// A request from an application or the CLI.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Request {
-    /// The daemon's identity, uptime, ports, peers.
-    Status,
-    /// Local resources and their device IDs.
-    Resources,
-    /// The interconnection table and the routes computed over it.
-    Routes,
-    /// Open connections.
-    Connections,
-    /// The forwarding table, ACL and counters of one device's port.
-    Tables {
-        /// Device number.
-        device: u16,
-    },
-    /// Counters of every port and peer.
-    Stats,
-    /// Prometheus text of every metric.
-    Metrics,
-    /// Shows the scheduling policy of a device's port, or sets it.
-    Policy {
-        /// Device number.
-        device: u16,
-        /// `rr`, `weighted:1:2:…` or `strict:CLASS/WEIGHT,…`; none to show.
-        #[serde(default)]
-        set: Option<String>,
-    },
-    /// Registers the calling process as a resource; the answer gives its
-    /// UID and how to reach its data path.
-    Attach {
-        /// A name for listings.
-        name: String,
-    },
-    /// Accepts connections to `port` of the attached resource.
-    Listen {
-        /// The port.
-        port: u16,
-    },
-    /// Stops accepting on `port`.
-    Unlisten {
-        /// The port.
-        port: u16,
-    },
-    /// Opens a connection from the attached resource.
-    Connect {
-        /// Local port (0: the daemon picks one).
-        #[serde(default)]
-        src_port: u16,
-        /// Destination resource.
-        #[serde(with = "uid_text")]
-        dst: Uid,
-        /// Destination port.
-        dst_port: u16,
-        /// Traffic class (tunnel) for cross-server paths.
-        #[serde(default)]
-        class: u8,
-    },
-    /// Closes a connection of the attached resource.
-    Close {
-        /// The connection.
-        conn: ConnSpec,
-    },
-}
-
-/// A request between peer daemons.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum PeerRequest {
-    /// First line on a peer channel: who is calling.
-    Hello {
-        /// The caller's server ID.
-        server: Ipv4Addr,
-        /// The caller's name.
-        name: String,
-    },
-    /// Liveness; answered by nothing (the other side sends its own).
-    Heartbeat,
-    /// Asks the peer to admit a connection to one of its resources.
-    Connect {
-        /// The connection (src on the caller's server).
-        conn: ConnSpec,
-        /// Traffic class.
-        class: u8,
-    },
-    /// The connection is closed on the caller's side.
-    Close {
-        /// The connection.
-        conn: ConnSpec,
-    },
-}
-
-/// The error half of an answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    /// A stable, machine-readable kind (`denied`, `refused`, `bad-request`, …).
-    pub kind: String,
-    /// What happened, for people.
-    pub message: String,
-}
-
-/// One answer line.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Answer {
-    /// Whether the request succeeded.
-    pub ok: bool,
-    /// The result, when it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
-    /// The error, when it did not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorBody>,
-}
-
-impl Answer {
-    /// A success with `result`.
-    pub fn ok(result: serde_json::Value) -> Answer {
-        Answer {
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
-    }
-
-    /// A failure.
-    pub fn err(kind: &str, message: impl Into<String>) -> Answer {
-        Answer {
-            ok: false,
-            result: None,
-            error: Some(ErrorBody {
-                kind: kind.to_owned(),
-                message: message.into(),
-            }),
-        }
-    }
-}
-
-/// What `attach` answers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attached {
-    /// The UID given to the caller.
-    #[serde(with = "uid_text")]
-    pub uid: Uid,
-    /// The daemon's own UID (device 0), source of notices.
-    #[serde(with = "uid_text")]
-    pub daemon: Uid,
-    /// Unix socket of the data path.
-    pub data_socket: String,
-    /// Token to present on the data socket.
-    pub token: u64,
 }
 
 #[cfg(test)]
@@ -252,36 +31,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_are_tagged_json() {
-        let r: Request =
-            serde_json::from_str(r#"{"op":"connect","dst":"10.0.0.7:3","dst_port":80}"#).unwrap();
-        assert_eq!(
-            r,
-            Request::Connect {
-                src_port: 0,
-                dst: "10.0.0.7:3".parse().unwrap(),
-                dst_port: 80,
-                class: 0
-            }
-        );
-        assert_eq!(
-            serde_json::to_string(&Request::Status).unwrap(),
-            r#"{"op":"status"}"#
-        );
-    }
-
-    #[test]
-    fn malformed_requests_are_errors_not_panics() {
-        for bad in [
-            "",
-            "{}",
-            r#"{"op":"fly"}"#,
-            r#"{"op":"connect","dst":"10.0.0.7","dst_port":80}"#,
-            r#"{"op":"tables","device":70000}"#,
-            r#"{"op":"connect","dst":"10.0.0.7:3","dst_port":80,"bogus":1}"#,
-            "[1,2,3]",
-        ] {
-            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
-        }
+    fn conn_spec_and_conn_key_convert_both_ways() {
+        let spec = ConnSpec {
+            src: "10.0.0.1:2".parse().unwrap(),
+            src_port: 49152,
+            dst: "10.0.0.7:3".parse().unwrap(),
+            dst_port: 80,
+        };
+        assert_eq!(conn_spec(conn_key(spec)), spec);
     }
 }

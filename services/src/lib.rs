@@ -1,6 +1,7 @@
 //! uniplane's services: the host daemon `uniplaned` (DUA's CPU control
-//! agent), its control protocol, the devices it hosts, and the client
-//! library applications link.
+//! agent), the devices it hosts, and the CLI. The client library and the
+//! control protocol live in `uniplane-client`, which applications link
+//! instead of this crate; [`client`] and [`control`] re-export them.
 
 #![deny(missing_docs)]
 

@@ -8,12 +8,13 @@
 //! connection set and the translator are fixed slot arrays, and a rule's
 //! type set is spread over one bitmap word per request type.
 
+use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::{Policy, Scheduler};
 use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::Uid;
 use uniplane_overlay::acl::{AclRule, ConnKey};
 use uniplane_overlay::table::{Route, TableError};
-use uniplane_overlay::{ForwardingPlane, PlaneError, PortCounters, PortId};
+use uniplane_overlay::{ForwardingPlane, PlaneError, PortCounters, PortDump, PortId, PortSpec};
 use uniplane_underlay::{DemuxRule, FilterRules, UidMatch};
 
 use crate::device::{BusError, RtlDevice};
@@ -544,6 +545,59 @@ impl RtlDevice {
 }
 
 impl ForwardingPlane for RtlDevice {
+    fn kind(&self) -> &'static str {
+        "rtl"
+    }
+
+    fn attach(&mut self, _spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
+        // Ports are wired at synthesis; rings to them come with the
+        // running co-simulation.
+        Err(PlaneError::Unsupported {
+            plane: "rtl",
+            what: "attach a port outside a running co-simulation",
+        })
+    }
+
+    fn detach(&mut self, _port: PortId) -> Result<PortCounters, PlaneError> {
+        Err(PlaneError::Unsupported {
+            plane: "rtl",
+            what: "detach a port outside a running co-simulation",
+        })
+    }
+
+    fn dump(&mut self, p: PortId) -> Result<PortDump, PlaneError> {
+        let counters = self.counters(p)?;
+        let i = p as usize;
+        Ok(PortDump {
+            port: p,
+            name: format!("rtl{p}"),
+            kind: None,
+            routes: self.shadow.tables[i]
+                .groups
+                .iter()
+                .flat_map(|g| {
+                    g.entries.iter().filter_map(move |(key, priority, port)| {
+                        Some(Route {
+                            key: Uid::from_u64(*key)?,
+                            mask: g.mask,
+                            priority: *priority,
+                            port: *port,
+                        })
+                    })
+                })
+                .collect(),
+            default_route: None,
+            connections: self.shadow.conns[i].iter().flatten().copied().collect(),
+            rules: self.shadow.rules[i].clone(),
+            policy: None,
+            counters,
+        })
+    }
+
+    fn translations(&mut self) -> Result<Vec<(ConnKey, PortId)>, PlaneError> {
+        Ok(self.shadow.translations.iter().flatten().copied().collect())
+    }
+
     fn add_route(&mut self, port: PortId, route: Route) -> Result<(), PlaneError> {
         self.port_base(port)?;
         self.shadow.tables[port as usize].insert(route)?;

@@ -153,7 +153,8 @@ impl PlaneImage {
             | PlaneOp::SetDefault(..)
             | PlaneOp::SetPolicy(..)
             | PlaneOp::Counters(_)
-            | PlaneOp::Dump(_) => {}
+            | PlaneOp::Dump(_)
+            | PlaneOp::Translations => {}
         }
     }
 

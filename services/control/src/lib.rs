@@ -12,7 +12,6 @@
 pub mod config;
 mod core;
 pub mod image;
-mod plane_op;
 mod types;
 
 pub use crate::config::{
@@ -22,5 +21,6 @@ pub use crate::core::{
     Connection, Control, InboundView, PeerView, Resource, ResourceKind, RouteRow, DAEMON_DEVICE,
 };
 pub use crate::image::{PlaneImage, PortImage};
-pub use crate::plane_op::PlaneOp;
 pub use crate::types::*;
+/// The plane operations the core emits, as the overlay defines them.
+pub use uniplane_overlay::PlaneOp;

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
+use uniplane_client::protocol::Request;
+use uniplane_client::{Client, ClientError};
 use uniplane_dataplane::{Endpoint, MemoryAddress};
-use uniplane_services::client::{Client, ClientError};
-use uniplane_services::control::Request;
 
 /// Operate a uniplane host daemon.
 #[derive(Parser)]

@@ -19,9 +19,9 @@ use uniplane_dataplane::{BoxLink, Message};
 use uniplane_overlay::PortId;
 
 use super::observe::SetupHistogram;
-use super::plane::PlaneReply;
 use super::{ClientOutcome, DaemonError, Input, Shared};
-use crate::control::{ConnSpec, PeerRequest};
+use crate::control::{conn_spec, PeerRequest};
+use uniplane_overlay::PlaneReply;
 
 /// Who waits for the answer to a request.
 enum Waiter {
@@ -258,11 +258,11 @@ impl Driver {
                 let req = match msg {
                     PeerMsg::Heartbeat => PeerRequest::Heartbeat,
                     PeerMsg::Connect { conn, class } => PeerRequest::Connect {
-                        conn: ConnSpec::from(conn),
+                        conn: conn_spec(conn),
                         class,
                     },
                     PeerMsg::Close { conn } => PeerRequest::Close {
-                        conn: ConnSpec::from(conn),
+                        conn: conn_spec(conn),
                     },
                 };
                 if let Some(tx) = self.peer_tx.get(&server) {

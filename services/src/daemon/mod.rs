@@ -18,7 +18,6 @@ mod data;
 mod driver;
 mod observe;
 mod peers;
-pub mod plane;
 mod sessions;
 mod tunnels;
 
@@ -38,9 +37,9 @@ use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
 use uniplane_overlay::{Engine, EngineConfig, RunMode};
 
 pub use self::observe::parse_policy;
-pub use self::plane::{EnginePlane, PlaneHandle};
 use crate::config::{Config, DefaultAction, DeviceKind, EngineMode};
 use crate::control::PeerRequest;
+pub use uniplane_overlay::PlaneHandle;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +140,7 @@ enum Input {
     PlaneDone {
         batch: uniplane_control::BatchId,
         replies: Result<
-            Vec<Result<plane::PlaneReply, uniplane_overlay::PlaneError>>,
+            Vec<Result<uniplane_overlay::PlaneReply, uniplane_overlay::PlaneError>>,
             uniplane_overlay::PlaneError,
         >,
     },
@@ -216,7 +215,7 @@ impl Daemon {
             EngineMode::BusyPoll => RunMode::BusyPoll,
             EngineMode::SpinThenPark => RunMode::SpinThenPark { spins: 2048 },
         };
-        let plane = Arc::new(EnginePlane(engine.spawn(mode)));
+        let plane = Arc::new(engine.spawn(mode));
         Daemon::start_with_plane(config, plane).await
     }
 

@@ -12,9 +12,9 @@ use uniplane_control::{PlaneOp, ResourceKind};
 use uniplane_overlay::{PortCounters, PortId};
 
 use super::driver::Driver;
-use super::plane::PlaneReply;
 use super::Shared;
 use crate::control::Answer;
+use uniplane_overlay::PlaneReply;
 
 pub(super) fn status(d: &Driver) -> serde_json::Value {
     let shared = &d.shared;

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use uniplane_control::{Event, PeerMsg};
 
 use super::{io_err, DaemonError, Input, Shared};
-use crate::control::{read_line, write_line, Answer, PeerRequest, MAX_LINE};
+use crate::control::{conn_key, read_line, write_line, Answer, PeerRequest, MAX_LINE};
 
 pub(super) async fn listen(shared: &Arc<Shared>) -> Result<(), DaemonError> {
     let addr = shared.config.peer_listen;
@@ -73,7 +73,7 @@ async fn session(shared: Arc<Shared>, stream: TcpStream) {
                 shared
                     .input(Input::PeerConnect {
                         server,
-                        conn: conn.into(),
+                        conn: conn_key(conn),
                         class,
                         reply,
                     })
@@ -88,7 +88,9 @@ async fn session(shared: Arc<Shared>, stream: TcpStream) {
                 shared
                     .input(Input::Core(Event::PeerMessage {
                         server,
-                        msg: PeerMsg::Close { conn: conn.into() },
+                        msg: PeerMsg::Close {
+                            conn: conn_key(conn),
+                        },
                         request: 0,
                     }))
                     .await;
@@ -176,7 +178,7 @@ async fn channel(shared: &Shared, server: Ipv4Addr) -> Result<(), String> {
                 shared
                     .input(Input::Core(Event::PeerVerdict {
                         server,
-                        conn: conn.into(),
+                        conn: conn_key(conn),
                         verdict,
                     }))
                     .await;

@@ -16,7 +16,7 @@ use super::driver::client;
 use super::observe;
 use super::{io_err, DaemonError, Shared, CONTROL_SOCKET, DATA_SOCKET};
 use crate::control::{
-    read_line, write_line, Answer, Attached, ConnSpec, Request as CtlRequest, MAX_LINE,
+    conn_key, conn_spec, read_line, write_line, Answer, Attached, Request as CtlRequest, MAX_LINE,
 };
 
 pub(super) fn listen(shared: &Arc<Shared>) -> Result<(), DaemonError> {
@@ -173,14 +173,22 @@ async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
             };
             match ask(shared, id, req).await {
                 Ok((Reply::Connected(key), _)) => {
-                    Answer::ok(serde_json::to_value(ConnSpec::from(key)).unwrap_or_default())
+                    Answer::ok(serde_json::to_value(conn_spec(key)).unwrap_or_default())
                 }
                 Ok(_) => Answer::err("engine", "unexpected answer"),
                 Err(a) => a,
             }
         }
         CtlRequest::Close { conn } => {
-            match ask(shared, id, ClientRequest::Close { conn: conn.into() }).await {
+            match ask(
+                shared,
+                id,
+                ClientRequest::Close {
+                    conn: conn_key(conn),
+                },
+            )
+            .await
+            {
                 Ok(_) => Answer::ok(json!({})),
                 Err(a) => a,
             }

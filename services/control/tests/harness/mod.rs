@@ -127,6 +127,7 @@ impl ModelPlane {
             PlaneOp::SetDefault(p, _) => {
                 port(&mut self.ports, *p)?;
             }
+            PlaneOp::Translations => {}
         }
         Ok(OpResult::Done)
     }

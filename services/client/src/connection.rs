@@ -1,0 +1,240 @@
+//! [`Connection`] and [`Listener`]: connected messaging between two
+//! resources, with PUSH boundaries.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{Sink, SinkExt, Stream};
+use tokio::sync::mpsc;
+use tokio_util::sync::PollSender;
+use uniplane_dataplane::wire::MsgFlags;
+use uniplane_dataplane::{Endpoint, Link, LinkError, Message, Uid};
+
+use crate::protocol::ConnSpec;
+use crate::session::{Inbox, Shared};
+
+/// Connections arriving at a listening port.
+pub struct Listener {
+    port: u16,
+    rx: mpsc::Receiver<Connection>,
+}
+
+impl Listener {
+    pub(crate) fn new(port: u16, rx: mpsc::Receiver<Connection>) -> Listener {
+        Listener { port, rx }
+    }
+
+    /// The port listened on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The next connection, or `None` when the session ended.
+    pub async fn accept(&mut self) -> Option<Connection> {
+        self.rx.recv().await
+    }
+}
+
+/// One connection: a [`Link`] whose stream yields the far end's messages
+/// and whose sink sends messages built with [`Connection::message`].
+///
+/// Messages may carry a PUSH boundary ([`Connection::send_push`]);
+/// [`Connection::recv_until_push`] gathers everything up to and including
+/// the next one as one unit, while [`Connection::recv`] and the stream
+/// yield messages one by one, as sent.
+///
+/// Dropping an open connection closes it: the session's background task
+/// tells the daemon, which tells the far end (as [`crate::Session::close`]
+/// does, without waiting).
+pub struct Connection {
+    shared: Arc<Shared>,
+    /// Tells this connection's route from a newer one with the same ends.
+    id: u64,
+    local: Endpoint,
+    remote: Endpoint,
+    inbox: mpsc::Receiver<Result<Message, LinkError>>,
+    out: PollSender<Message>,
+    seq: u32,
+    /// What `recv_until_push` has gathered of the current unit.
+    unit: BytesMut,
+    /// Closed through the session (or never opened): nothing to do on drop.
+    closed: bool,
+}
+
+impl Connection {
+    /// A connection of the session to `remote:remote_port` from
+    /// `local_port`, its inbox routed.
+    pub(crate) fn register(
+        shared: &Arc<Shared>,
+        local_port: u16,
+        remote: Uid,
+        remote_port: u16,
+    ) -> Connection {
+        let (tx, rx) = mpsc::channel(1024);
+        let id = shared.conn_id();
+        shared
+            .routes()
+            .conns
+            .insert((local_port, remote, remote_port), Inbox { id, tx });
+        Connection {
+            shared: shared.clone(),
+            id,
+            local: shared.uid.port(local_port),
+            remote: remote.port(remote_port),
+            inbox: rx,
+            out: PollSender::new(shared.out.clone()),
+            seq: 0,
+            unit: BytesMut::new(),
+            closed: false,
+        }
+    }
+
+    fn route(&self) -> (u16, Uid, u16) {
+        (self.local.port, self.remote.uid, self.remote.port)
+    }
+
+    /// The connection as the control protocol names it (this end first).
+    pub(crate) fn spec(&self) -> ConnSpec {
+        ConnSpec {
+            src: self.local.uid,
+            src_port: self.local.port,
+            dst: self.remote.uid,
+            dst_port: self.remote.port,
+        }
+    }
+
+    /// Drops the connection without telling anyone (it is being closed
+    /// through the daemon, or was never opened).
+    pub(crate) fn forget(mut self) {
+        self.shared.unroute(self.route(), self.id);
+        self.closed = true;
+    }
+
+    /// This end.
+    pub fn local(&self) -> Endpoint {
+        self.local
+    }
+
+    /// The far end.
+    pub fn remote(&self) -> Endpoint {
+        self.remote
+    }
+
+    /// A SEND of `payload` on this connection, numbered in order.
+    pub fn message(&mut self, payload: Bytes) -> Result<Message, LinkError> {
+        let mut m = Message::send(self.local, self.remote, payload)?;
+        m.set_seqnum(self.seq);
+        self.seq = self.seq.wrapping_add(1);
+        Ok(m)
+    }
+
+    /// A SEND of `payload` that ends a unit: it carries the PUSH flag.
+    pub fn message_push(&mut self, payload: Bytes) -> Result<Message, LinkError> {
+        let mut m = self.message(payload)?;
+        m.set_segment_flags(m.header().flags.with(MsgFlags::PUSH));
+        Ok(m)
+    }
+
+    /// Sends `payload` and flushes.
+    pub async fn send_bytes(&mut self, payload: Bytes) -> Result<(), LinkError> {
+        let m = self.message(payload)?;
+        self.send(m).await
+    }
+
+    /// Sends `payload` as the end of a unit (PUSH) and flushes.
+    pub async fn send_push(&mut self, payload: Bytes) -> Result<(), LinkError> {
+        let m = self.message_push(payload)?;
+        self.send(m).await
+    }
+
+    /// The next message from the far end; `None` once the connection closed.
+    pub async fn recv(&mut self) -> Option<Result<Message, LinkError>> {
+        self.inbox.recv().await
+    }
+
+    /// The payloads of every message up to and including the next
+    /// PUSH-marked one, as one unit. When the connection closes in the
+    /// middle of a unit, what arrived of it comes as a last unit (closing
+    /// pushes), then `None`; an error drops the unit gathered so far.
+    /// Cancel-safe: a unit interrupted here continues on the next call.
+    pub async fn recv_until_push(&mut self) -> Option<Result<Bytes, LinkError>> {
+        loop {
+            match self.inbox.recv().await {
+                Some(Ok(m)) => {
+                    let push = m.header().flags.contains(MsgFlags::PUSH);
+                    if push && self.unit.is_empty() {
+                        return Some(Ok(m.payload().clone()));
+                    }
+                    self.unit.extend_from_slice(m.payload());
+                    if push {
+                        return Some(Ok(self.unit.split().freeze()));
+                    }
+                }
+                Some(Err(e)) => {
+                    self.unit.clear();
+                    return Some(Err(e));
+                }
+                None if self.unit.is_empty() => return None,
+                None => return Some(Ok(self.unit.split().freeze())),
+            }
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Still routed means nobody closed it yet: the far end's close or
+        // the session's end removes the route first.
+        if !self.closed && self.shared.unroute(self.route(), self.id) {
+            self.shared.close_later(self.spec());
+        }
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+impl Stream for Connection {
+    type Item = Result<Message, LinkError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().inbox.poll_recv(cx)
+    }
+}
+
+impl Sink<Message> for Connection {
+    type Error = LinkError;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        self.get_mut()
+            .out
+            .poll_reserve(cx)
+            .map_err(|_| LinkError::Closed)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
+        self.get_mut()
+            .out
+            .send_item(item)
+            .map_err(|_| LinkError::Closed)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        self.get_mut().out.close();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Link for Connection {}

@@ -1,0 +1,754 @@
+//! [`Session`]: an attached application, and the background task that
+//! moves its messages.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use uniplane_dataplane::wire::{MsgFlags, ParamForm, ReqType, Status};
+use uniplane_dataplane::{Endpoint, Link, LinkError, MemoryAddress, Message, Uid};
+
+use crate::control::ControlChannel;
+use crate::protocol::{ConnSpec, Request};
+use crate::window::{self, Window, Windows};
+use crate::{Client, ClientError, Connection, Listener};
+
+/// How long a one-sided request waits for its completion.
+const ONE_SIDED_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most answers to peers' requests queued before the dispatcher stops
+/// taking more from the data path (backpressure on the peers).
+const MAX_QUEUED_OUT: usize = 256;
+
+/// A connection's inbox, tagged with the connection it belongs to so a
+/// dropped connection removes its own entry and no newer one.
+pub(crate) struct Inbox {
+    pub(crate) id: u64,
+    pub(crate) tx: mpsc::Sender<Result<Message, LinkError>>,
+}
+
+/// Where received messages go.
+#[derive(Default)]
+pub(crate) struct Routes {
+    /// (local port, remote UID, remote port) → connection inbox.
+    pub(crate) conns: HashMap<(u16, Uid, u16), Inbox>,
+    /// Listening port → accept queue.
+    listeners: HashMap<u16, mpsc::Sender<Connection>>,
+    /// (answering UID, sequence number) → waiter for a one-sided answer.
+    pending: HashMap<(Uid, u32), oneshot::Sender<Message>>,
+    /// Memory windows peers write to and read from.
+    pub(crate) windows: Windows,
+}
+
+/// What the session's handles and its data-path task share.
+pub(crate) struct Shared {
+    /// The session's UID.
+    pub(crate) uid: Uid,
+    /// The daemon's UID, source of notices.
+    daemon: Uid,
+    routes: Mutex<Routes>,
+    /// The data path's writer queue.
+    pub(crate) out: mpsc::Sender<Message>,
+    /// Connections dropped while open, for the daemon to close.
+    closes: mpsc::UnboundedSender<ConnSpec>,
+    next_conn: AtomicU64,
+    next_seq: AtomicU32,
+}
+
+impl Shared {
+    /// Starts the data-path task on `link`; the receiver yields the
+    /// connections dropped while open.
+    pub(crate) fn spawn<L: Link + 'static>(
+        uid: Uid,
+        daemon: Uid,
+        link: L,
+    ) -> (Arc<Shared>, mpsc::UnboundedReceiver<ConnSpec>) {
+        let (out, out_rx) = mpsc::channel::<Message>(1024);
+        let (closes, closes_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            uid,
+            daemon,
+            routes: Mutex::new(Routes::default()),
+            out,
+            closes,
+            next_conn: AtomicU64::new(1),
+            next_seq: AtomicU32::new(1),
+        });
+        tokio::spawn(data_path(link, out_rx, shared.clone()));
+        (shared, closes_rx)
+    }
+
+    pub(crate) fn routes(&self) -> MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fresh connection id.
+    pub(crate) fn conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Forgets the route of connection `id`; true when it was still there
+    /// (nobody had closed the connection yet).
+    pub(crate) fn unroute(&self, key: (u16, Uid, u16), id: u64) -> bool {
+        let mut routes = self.routes();
+        match routes.conns.get(&key) {
+            Some(inbox) if inbox.id == id => {
+                routes.conns.remove(&key);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Asks the daemon, in the background, to close a connection that was
+    /// dropped while open.
+    pub(crate) fn close_later(&self, conn: ConnSpec) {
+        let _ = self.closes.send(conn);
+    }
+
+    /// Sends a one-sided request and waits for the completion from its
+    /// destination with the same sequence number.
+    async fn one_sided(&self, mut m: Message) -> Result<Message, ClientError> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        m.set_seqnum(seq);
+        let key = (m.header().dst, seq);
+        let (tx, rx) = oneshot::channel();
+        self.routes().pending.insert(key, tx);
+        if self.out.send(m).await.is_err() {
+            self.routes().pending.remove(&key);
+            return Err(ClientError::Link(LinkError::Closed));
+        }
+        let answer = tokio::time::timeout(ONE_SIDED_TIMEOUT, rx).await;
+        self.routes().pending.remove(&key);
+        let answer = answer
+            .map_err(|_| ClientError::Timeout)?
+            .map_err(|_| ClientError::Link(LinkError::Closed))?;
+        match answer.header().status() {
+            Status::Ok => Ok(answer),
+            s => Err(ClientError::Status(s)),
+        }
+    }
+
+    pub(crate) async fn write(&self, dst: MemoryAddress, data: Bytes) -> Result<(), ClientError> {
+        let m = Message::write(self.uid, dst, data)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.one_sided(m).await.map(drop)
+    }
+
+    pub(crate) async fn read(&self, src: MemoryAddress, len: u16) -> Result<Bytes, ClientError> {
+        let m = Message::read(self.uid.at(0), src, len)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let answer = self.one_sided(m).await?;
+        Ok(answer.payload().clone())
+    }
+}
+
+/// Closes, through the daemon, the connections dropped while open. Holds
+/// the control socket only weakly: the session's end closes it, and the
+/// daemon then closes every connection left.
+async fn close_dropped(
+    control: Weak<ControlChannel>,
+    mut dropped: mpsc::UnboundedReceiver<ConnSpec>,
+) {
+    while let Some(conn) = dropped.recv().await {
+        let Some(control) = control.upgrade() else {
+            return;
+        };
+        if let Err(e) = control.request(&Request::Close { conn }).await {
+            tracing::debug!(?conn, "closing a dropped connection: {e}");
+        }
+    }
+}
+
+/// Moves the session's messages both ways over its data path, in one
+/// task so neither direction can starve the other: receiving never waits
+/// for sending. A connection whose inbox is full holds the receive side
+/// (backpressure, not loss) until it has room. Peers' one-sided requests
+/// are answered here, against the session's windows.
+async fn data_path<L: Link>(mut link: L, mut out: mpsc::Receiver<Message>, d: Arc<Shared>) {
+    let mut inbound: VecDeque<Message> = VecDeque::with_capacity(64);
+    let mut recv_buf: Vec<Message> = Vec::with_capacity(64);
+    let mut outbound: VecDeque<Message> = VecDeque::with_capacity(64);
+    let mut send_buf: Vec<Message> = Vec::with_capacity(64);
+    let mut stalled: Option<Stalled> = None;
+    let mut out_open = true;
+    std::future::poll_fn(|cx| loop {
+        let mut progress = false;
+        // A message waiting for room in its connection's inbox.
+        if let Some(st) = stalled.as_mut() {
+            match st.permit.as_mut().poll(cx) {
+                Poll::Ready(Ok(permit)) => {
+                    if let Some(m) = st.message.take() {
+                        permit.send(m);
+                    }
+                    stalled = None;
+                    progress = true;
+                }
+                // The connection is gone; its message has nowhere to go.
+                Poll::Ready(Err(_)) => {
+                    stalled = None;
+                    progress = true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if stalled.is_none() {
+            while outbound.len() < MAX_QUEUED_OUT {
+                let Some(m) = inbound.pop_front() else {
+                    break;
+                };
+                if let Some(st) = dispatch(&d, m, &mut outbound) {
+                    stalled = Some(st);
+                    break;
+                }
+                progress = true;
+            }
+            if inbound.is_empty() && stalled.is_none() && outbound.len() < MAX_QUEUED_OUT {
+                match link.poll_recv_batch(cx, &mut recv_buf, 64) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(_)) => {
+                        inbound.extend(recv_buf.drain(..));
+                        progress = true;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+        }
+        if outbound.is_empty() && out_open {
+            match out.poll_recv_many(cx, &mut send_buf, 64) {
+                Poll::Ready(0) => out_open = false,
+                Poll::Ready(_) => {
+                    outbound.extend(send_buf.drain(..));
+                    progress = true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if !outbound.is_empty() {
+            let before = outbound.len();
+            match link.poll_send_batch(cx, &mut outbound) {
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(())) | Poll::Pending => {}
+            }
+            if outbound.len() < before {
+                progress = true;
+                if let Poll::Ready(Err(_)) = Pin::new(&mut link).poll_flush(cx) {
+                    return Poll::Ready(());
+                }
+            }
+        }
+        if !progress {
+            return Poll::Pending;
+        }
+    })
+    .await;
+    // The data path is gone: every connection ends, every call fails.
+    let mut r = d.routes();
+    r.conns.clear();
+    r.listeners.clear();
+    r.pending.clear();
+}
+
+type PermitFuture = Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    mpsc::OwnedPermit<Result<Message, LinkError>>,
+                    mpsc::error::SendError<()>,
+                >,
+            > + Send,
+    >,
+>;
+
+/// A received message waiting for room in a full inbox.
+struct Stalled {
+    message: Option<Result<Message, LinkError>>,
+    permit: PermitFuture,
+}
+
+/// Delivers one received message, queueing any answer it needs in
+/// `replies`; `Some` when its connection's inbox is full.
+fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Option<Stalled> {
+    let h = *m.header();
+    let kind = h.request.kind();
+    // Notices from the daemon: a connection arrived, or one is gone.
+    if h.src == d.daemon && matches!(kind, ReqType::Connect | ReqType::Close | ReqType::Notify) {
+        handle_notice(d, m);
+        return None;
+    }
+    if kind.form() == ParamForm::Port {
+        let (src_port, dst_port) = h.request.ports()?;
+        let inbox = d
+            .routes()
+            .conns
+            .get(&(dst_port, h.src, src_port))
+            .map(|i| i.tx.clone())?;
+        let item = if h.flags.contains(MsgFlags::ERROR) {
+            Err(LinkError::PeerFailed(format!("{:?}", h.status())))
+        } else if kind.is_answer() {
+            return None;
+        } else {
+            Ok(m)
+        };
+        return match inbox.try_send(item) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(item)) => Some(Stalled {
+                message: Some(item),
+                permit: Box::pin(inbox.reserve_owned()),
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => None,
+        };
+    }
+    if kind.is_answer() {
+        // Only the resource asked may answer: (source, seq), not seq alone.
+        let waiter = d.routes().pending.remove(&(h.src, h.seqnum));
+        if let Some(w) = waiter {
+            let _ = w.send(m);
+        }
+    } else if h.dst != d.uid {
+        tracing::debug!(dst = %h.dst, "one-sided request for another resource");
+        replies.extend(m.error_answer(Status::NoRoute));
+    } else {
+        replies.extend(window::serve(&m, |addr, len| {
+            d.routes().windows.find(addr, len)
+        }));
+    }
+    None
+}
+
+fn handle_notice(d: &Arc<Shared>, m: Message) {
+    let h = *m.header();
+    let p = m.payload();
+    let parsed = (p.len() >= 10).then(|| {
+        let local = u16::from_be_bytes([p[0], p[1]]);
+        let remote = Uid::from_bytes([p[2], p[3], p[4], p[5], p[6], p[7]]);
+        let rport = u16::from_be_bytes([p[8], p[9]]);
+        (local, remote, rport)
+    });
+    match h.request.kind() {
+        ReqType::Connect => {
+            let Some((local, remote, rport)) = parsed else {
+                return;
+            };
+            let listener = d.routes().listeners.get(&local).cloned();
+            if let Some(l) = listener {
+                // Refused when nobody accepts any more: dropping it closes it.
+                let conn = Connection::register(d, local, remote, rport);
+                let _ = l.try_send(conn);
+            }
+        }
+        ReqType::Close | ReqType::Notify => {
+            let (_, dst_port) = h.request.ports().unwrap_or((0, 0));
+            let mut routes = d.routes();
+            let keys: Vec<(u16, Uid, u16)> = match parsed {
+                Some(k) => vec![k],
+                None => routes
+                    .conns
+                    .keys()
+                    .filter(|k| k.0 == dst_port)
+                    .copied()
+                    .collect(),
+            };
+            for k in keys {
+                if let Some(inbox) = routes.conns.remove(&k) {
+                    if h.status() != Status::Ok && h.status() != Status::Closed {
+                        let _ = inbox
+                            .tx
+                            .try_send(Err(LinkError::PeerFailed(format!("{:?}", h.status()))));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An attached application: its UID, its connections, its memory windows
+/// and one-sided operations. Dropping it detaches: the daemon closes every
+/// connection it had.
+pub struct Session {
+    client: Client,
+    shared: Arc<Shared>,
+    next_port: AtomicU16,
+}
+
+impl Session {
+    /// A session of `uid` over its data path `link`.
+    pub(crate) fn open<L: Link + 'static>(
+        client: Client,
+        uid: Uid,
+        daemon: Uid,
+        link: L,
+    ) -> Session {
+        let (shared, dropped) = Shared::spawn(uid, daemon, link);
+        tokio::spawn(close_dropped(Arc::downgrade(&client.control), dropped));
+        Session {
+            client,
+            shared,
+            next_port: AtomicU16::new(49152),
+        }
+    }
+
+    /// This resource's UID.
+    pub fn uid(&self) -> Uid {
+        self.shared.uid
+    }
+
+    /// The control connection (for status and other requests).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn port(&self) -> u16 {
+        let p = self.next_port.fetch_add(1, Ordering::Relaxed);
+        if p == 0 {
+            self.next_port.store(49152, Ordering::Relaxed);
+            49152
+        } else {
+            p
+        }
+    }
+
+    /// Accepts connections to `port`.
+    pub async fn listen(&self, port: u16) -> Result<Listener, ClientError> {
+        let (tx, rx) = mpsc::channel(64);
+        self.shared.routes().listeners.insert(port, tx);
+        if let Err(e) = self.client.request(&Request::Listen { port }).await {
+            self.shared.routes().listeners.remove(&port);
+            return Err(e);
+        }
+        Ok(Listener::new(port, rx))
+    }
+
+    /// Opens a connection to `dst` (traffic class 0).
+    pub async fn connect(&self, dst: Endpoint) -> Result<Connection, ClientError> {
+        self.connect_class(dst, 0).await
+    }
+
+    /// Opens a connection to `dst` in traffic class `class`.
+    pub async fn connect_class(&self, dst: Endpoint, class: u8) -> Result<Connection, ClientError> {
+        let local = self.port();
+        // Registered before asking, so nothing the far end sends is lost.
+        let conn = Connection::register(&self.shared, local, dst.uid, dst.port);
+        let req = Request::Connect {
+            src_port: local,
+            dst: dst.uid,
+            dst_port: dst.port,
+            class,
+        };
+        match self.client.request(&req).await {
+            Ok(_) => Ok(conn),
+            Err(e) => {
+                conn.forget();
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes a connection and waits for the daemon: it removes the
+    /// connection's entries and tells the far end. Dropping a connection
+    /// does the same without waiting.
+    pub async fn close(&self, conn: Connection) -> Result<(), ClientError> {
+        let spec = conn.spec();
+        conn.forget();
+        self.client
+            .request(&Request::Close { conn: spec })
+            .await
+            .map(drop)
+    }
+
+    /// Writes `data` at `dst` and waits for the completion.
+    pub async fn write(&self, dst: MemoryAddress, data: Bytes) -> Result<(), ClientError> {
+        self.shared.write(dst, data).await
+    }
+
+    /// Reads `len` bytes at `src`.
+    pub async fn read(&self, src: MemoryAddress, len: u16) -> Result<Bytes, ClientError> {
+        self.shared.read(src, len).await
+    }
+
+    /// Registers a zeroed memory window of `len` bytes that peers may
+    /// WRITE to and READ from (as far as the daemon's access rules allow
+    /// them) at `uid@address`; see [`Window::at`]. The first window of a
+    /// session starts at address 0.
+    pub fn register_window(&self, len: usize) -> Window {
+        Window::register(&self.shared, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::{SinkExt, StreamExt};
+    use uniplane_dataplane::mem::MemLink;
+    use uniplane_dataplane::wire::{Header, MemoryParams, Params, Request as WireRequest};
+
+    fn uid(s: &str) -> Uid {
+        s.parse().unwrap()
+    }
+
+    const ME: &str = "10.0.0.1:5";
+    const DAEMON: &str = "10.0.0.1:0";
+
+    /// A session's data path whose far end (the "engine") is the returned
+    /// link.
+    fn session() -> (Arc<Shared>, mpsc::UnboundedReceiver<ConnSpec>, MemLink) {
+        let (ours, engine) = uniplane_dataplane::mem::pair(64);
+        let (shared, dropped) = Shared::spawn(uid(ME), uid(DAEMON), ours);
+        (shared, dropped, engine)
+    }
+
+    async fn next(engine: &mut MemLink) -> Message {
+        tokio::time::timeout(Duration::from_secs(2), engine.next())
+            .await
+            .expect("a message in time")
+            .expect("link open")
+            .expect("a valid message")
+    }
+
+    fn write_cmpl(from: Uid, to: Uid, seq: u32, status: Status) -> Message {
+        let params = Params::Memory(MemoryParams {
+            flag: status.to_u8(),
+            length: 0,
+            addr: 0,
+        });
+        let mut h = Header::new(
+            from,
+            to,
+            WireRequest::new(ReqType::WriteCmpl, params).unwrap(),
+        );
+        h.seqnum = seq;
+        if status != Status::Ok {
+            h.flags = h.flags.with(MsgFlags::ERROR);
+        }
+        Message::new(h, Bytes::new()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_completion_from_another_source_with_the_same_seq_does_not_resolve_a_call() {
+        let (shared, _dropped, mut engine) = session();
+        let (a, b) = (uid("10.0.0.2:1"), uid("10.0.0.3:1"));
+        let call = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.write(a.at(0), Bytes::from("x")).await }
+        });
+        let request = next(&mut engine).await;
+        assert_eq!(request.header().dst, a);
+        let seq = request.header().seqnum;
+        // B answers first with A's sequence number, and a failure.
+        engine
+            .send(write_cmpl(b, uid(ME), seq, Status::Denied))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!call.is_finished(), "B's answer resolved A's call");
+        engine
+            .send(write_cmpl(a, uid(ME), seq, Status::Ok))
+            .await
+            .unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(result.is_ok(), "{result:?}");
+    }
+
+    #[tokio::test]
+    async fn two_peers_answering_with_equal_seqs_each_resolve_their_own_call() {
+        let (shared, _dropped, mut engine) = session();
+        let (a, b) = (uid("10.0.0.2:1"), uid("10.0.0.3:1"));
+        let to_a = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.write(a.at(0), Bytes::from("a")).await }
+        });
+        let first = next(&mut engine).await;
+        let to_b = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.write(b.at(0), Bytes::from("b")).await }
+        });
+        let second = next(&mut engine).await;
+        // Both peers answer with the same sequence number: A's (the
+        // first), and B's own answer under that number must not count.
+        let seq = first.header().seqnum;
+        engine
+            .send(write_cmpl(b, uid(ME), seq, Status::OutOfRange))
+            .await
+            .unwrap();
+        engine
+            .send(write_cmpl(a, uid(ME), seq, Status::Ok))
+            .await
+            .unwrap();
+        engine
+            .send(write_cmpl(
+                b,
+                uid(ME),
+                second.header().seqnum,
+                Status::Denied,
+            ))
+            .await
+            .unwrap();
+        assert!(to_a.await.unwrap().is_ok());
+        assert!(matches!(
+            to_b.await.unwrap(),
+            Err(ClientError::Status(Status::Denied))
+        ));
+    }
+
+    #[tokio::test]
+    async fn peers_write_and_read_a_window_and_out_of_range_changes_nothing() {
+        let (shared, _dropped, mut engine) = session();
+        let window = Window::register(&shared, 8);
+        let peer = uid("10.0.0.2:1");
+        engine
+            .send(Message::write(peer, window.at(2), Bytes::from("hey")).unwrap())
+            .await
+            .unwrap();
+        let done = next(&mut engine).await;
+        assert_eq!(done.kind(), ReqType::WriteCmpl);
+        assert_eq!(done.header().status(), Status::Ok);
+        assert_eq!(window.to_vec(), b"\0\0hey\0\0\0");
+
+        engine
+            .send(Message::write(peer, window.at(6), Bytes::from("hey")).unwrap())
+            .await
+            .unwrap();
+        let refused = next(&mut engine).await;
+        assert_eq!(refused.kind(), ReqType::WriteCmpl);
+        assert_eq!(refused.header().status(), Status::OutOfRange);
+        assert_eq!(window.to_vec(), b"\0\0hey\0\0\0");
+
+        engine
+            .send(Message::read(peer.at(0), window.at(2), 3).unwrap())
+            .await
+            .unwrap();
+        let data = next(&mut engine).await;
+        assert_eq!(data.kind(), ReqType::ReadCmpl);
+        assert_eq!(data.payload().as_ref(), b"hey");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_window_is_no_longer_served() {
+        let (shared, _dropped, mut engine) = session();
+        let window = Window::register(&shared, 8);
+        let at = window.at(0);
+        drop(window);
+        engine
+            .send(Message::write(uid("10.0.0.2:1"), at, Bytes::from("x")).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            next(&mut engine).await.header().status(),
+            Status::OutOfRange
+        );
+    }
+
+    fn send(from: Endpoint, to: Endpoint, payload: &'static str, push: bool) -> Message {
+        let mut m = Message::send(from, to, Bytes::from(payload)).unwrap();
+        if push {
+            m.set_segment_flags(MsgFlags::WHOLE.with(MsgFlags::PUSH));
+        }
+        m
+    }
+
+    #[tokio::test]
+    async fn recv_until_push_returns_everything_up_to_the_push_marked_message() {
+        let (shared, _dropped, mut engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        let me = conn.local();
+        for (payload, push) in [("a", false), ("b", false), ("c", true), ("d", true)] {
+            engine.send(send(peer, me, payload, push)).await.unwrap();
+        }
+        let unit = conn.recv_until_push().await.unwrap().unwrap();
+        assert_eq!(unit.as_ref(), b"abc");
+        let unit = conn.recv_until_push().await.unwrap().unwrap();
+        assert_eq!(unit.as_ref(), b"d");
+    }
+
+    #[tokio::test]
+    async fn messages_without_push_are_delivered_one_by_one() {
+        let (shared, _dropped, mut engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        let me = conn.local();
+        engine.send(send(peer, me, "a", false)).await.unwrap();
+        engine.send(send(peer, me, "b", true)).await.unwrap();
+        let first = conn.recv().await.unwrap().unwrap();
+        assert_eq!(first.payload().as_ref(), b"a");
+        assert!(!first.header().flags.contains(MsgFlags::PUSH));
+        let second = conn.recv().await.unwrap().unwrap();
+        assert!(second.header().flags.contains(MsgFlags::PUSH));
+    }
+
+    #[tokio::test]
+    async fn send_push_marks_the_message_with_push() {
+        let (shared, _dropped, mut engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        conn.send_bytes(Bytes::from("a")).await.unwrap();
+        conn.send_push(Bytes::from("b")).await.unwrap();
+        let a = next(&mut engine).await;
+        let b = next(&mut engine).await;
+        assert!(!a.header().flags.contains(MsgFlags::PUSH));
+        assert!(b.header().flags.contains(MsgFlags::PUSH));
+        assert_eq!(b.header().seqnum, a.header().seqnum.wrapping_add(1));
+    }
+
+    #[tokio::test]
+    async fn dropping_an_open_connection_asks_the_daemon_to_close_it() {
+        let (shared, mut dropped, _engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        drop(conn);
+        let spec = dropped.recv().await.unwrap();
+        assert_eq!(
+            spec,
+            ConnSpec {
+                src: uid(ME),
+                src_port: 80,
+                dst: peer.uid,
+                dst_port: peer.port
+            }
+        );
+        assert!(shared.routes().conns.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_far_end_closed_is_not_closed_again_on_drop() {
+        let (shared, mut dropped, mut engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        // The daemon's notice: (local port, remote UID, remote port).
+        let mut notice = Vec::new();
+        notice.extend_from_slice(&80u16.to_be_bytes());
+        notice.extend_from_slice(&peer.uid.to_bytes());
+        notice.extend_from_slice(&peer.port.to_be_bytes());
+        let params = Params::Port(uniplane_dataplane::wire::PortParams {
+            flag: 0,
+            src_port: 0,
+            dst_port: 80,
+        });
+        let h = Header::new(
+            uid(DAEMON),
+            uid(ME),
+            WireRequest::new(ReqType::Close, params).unwrap(),
+        );
+        let payload = if ReqType::Close.carries_payload() {
+            Bytes::from(notice)
+        } else {
+            Bytes::new()
+        };
+        engine
+            .send(Message::new(h, payload).unwrap())
+            .await
+            .unwrap();
+        assert!(conn.recv().await.is_none(), "the far end closed it");
+        drop(conn);
+        assert!(dropped.try_recv().is_err(), "nothing left to close");
+    }
+}

@@ -1,0 +1,149 @@
+//! The client library against a real daemon in this process: closing on
+//! drop, PUSH boundaries through the engine, and memory windows that one
+//! session writes and reads in another.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use uniplane_client::protocol::Request;
+use uniplane_client::{Client, ClientError, Session};
+use uniplane_dataplane::wire::Status;
+use uniplane_services::client::embedded;
+use uniplane_services::config::Config;
+use uniplane_services::Daemon;
+
+const CONFIG: &str = r#"
+[server]
+id = "127.0.0.1"
+peer_listen = "127.0.0.1:0"
+"#;
+
+/// A daemon in a fresh runtime directory, and two attached sessions.
+struct Setup {
+    dir: PathBuf,
+    daemon: Daemon,
+    a: Session,
+    b: Session,
+}
+
+impl Setup {
+    async fn new(name: &str) -> Setup {
+        let dir =
+            std::env::temp_dir().join(format!("uniplane-client-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+            .await
+            .unwrap();
+        let a = client.attach("a").await.unwrap();
+        let b = Client::connect(daemon.runtime_dir())
+            .await
+            .unwrap()
+            .attach("b")
+            .await
+            .unwrap();
+        Setup { dir, daemon, a, b }
+    }
+
+    async fn connections(&self) -> usize {
+        let observer = Client::connect(self.daemon.runtime_dir()).await.unwrap();
+        let conns = observer.request(&Request::Connections).await.unwrap();
+        conns.as_array().map(Vec::len).unwrap_or_default()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_connection_closes_it_at_the_far_end() {
+    let s = Setup::new("drop").await;
+    let mut listener = s.b.listen(80).await.unwrap();
+    let conn = s.a.connect(s.b.uid().port(80)).await.unwrap();
+    let mut accepted = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.connections().await, 1);
+
+    drop(conn);
+    let end = tokio::time::timeout(Duration::from_secs(2), accepted.recv())
+        .await
+        .expect("the far end hears of the close");
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(s.connections().await, 0, "the daemon forgot it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_boundary_survives_the_engine_and_ends_one_unit() {
+    let s = Setup::new("push").await;
+    let mut listener = s.b.listen(80).await.unwrap();
+    let mut conn = s.a.connect(s.b.uid().port(80)).await.unwrap();
+    let mut accepted = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    conn.send_bytes(Bytes::from_static(b"one ")).await.unwrap();
+    conn.send_bytes(Bytes::from_static(b"two ")).await.unwrap();
+    conn.send_push(Bytes::from_static(b"three")).await.unwrap();
+    conn.send_push(Bytes::from_static(b"four")).await.unwrap();
+    let unit = tokio::time::timeout(Duration::from_secs(2), accepted.recv_until_push())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(unit.as_ref(), b"one two three");
+    let unit = accepted.recv_until_push().await.unwrap().unwrap();
+    assert_eq!(unit.as_ref(), b"four");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_writes_into_another_sessions_window_and_reads_it_back() {
+    let s = Setup::new("window").await;
+    let window = s.b.register_window(64);
+    assert_eq!(window.address(), s.b.uid().at(0));
+
+    s.a.write(window.at(8), Bytes::from_static(b"written by a"))
+        .await
+        .unwrap();
+    assert_eq!(window.read(8, 12).as_deref(), Some(&b"written by a"[..]));
+
+    assert!(window.write(32, b"set by b"));
+    let back = s.a.read(window.at(32), 8).await.unwrap();
+    assert_eq!(back.as_ref(), b"set by b");
+
+    // Past the end: an error completion, and the window is untouched.
+    let before = window.to_vec();
+    let past =
+        s.a.write(window.at(60), Bytes::from_static(b"too long"))
+            .await;
+    assert!(
+        matches!(past, Err(ClientError::Status(Status::OutOfRange))),
+        "{past:?}"
+    );
+    let past = s.a.read(window.at(60), 8).await;
+    assert!(
+        matches!(past, Err(ClientError::Status(Status::OutOfRange))),
+        "{past:?}"
+    );
+    assert_eq!(window.to_vec(), before);
+}
+
+#[test]
+fn the_client_and_the_daemon_resolve_the_same_runtime_dir() {
+    assert_eq!(
+        uniplane_client::runtime_dir(None),
+        uniplane_services::daemon::runtime_dir(None)
+    );
+    assert_eq!(
+        uniplane_client::CONTROL_SOCKET,
+        uniplane_services::daemon::CONTROL_SOCKET
+    );
+    assert_eq!(
+        uniplane_client::DATA_SOCKET,
+        uniplane_services::daemon::DATA_SOCKET
+    );
+}
