@@ -520,3 +520,35 @@ fn a_peer_is_not_admitted_before_our_channel_to_it_is_up() {
     assert_eq!(h.core.connections().count(), 0);
     h.check();
 }
+
+#[test]
+fn a_class_tunnel_that_never_opens_times_the_connect_out() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 4,
+        },
+    );
+    let timeout = h.core.config().verdict_timeout;
+    for _ in 0..100 {
+        h.advance(Duration::from_millis(40));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+        if h.now > timeout {
+            break;
+        }
+    }
+    let a = h.answer(req).expect("answered");
+    assert_eq!(a.unwrap_err().kind(), "timeout");
+    assert!(h.core.pending_connections().next().is_none());
+    h.check();
+}

@@ -99,21 +99,20 @@ impl Control {
         if waiting >= self.config.limits.pending_per_peer {
             return Err(ControlError::Limit("connections waiting for a peer"));
         }
+        let deadline = self.now + self.config.verdict_timeout;
         let stage = match peer.tunnels.get(&class) {
             Some(Tunnel::Open(_)) => {
                 self.actions.push_back(Action::ToPeer {
                     server,
                     msg: PeerMsg::Connect { conn: key, class },
                 });
-                Stage::Verdict {
-                    deadline: self.now + self.config.verdict_timeout,
-                }
+                Stage::Verdict { deadline }
             }
-            Some(Tunnel::Opening) => Stage::Tunnel,
+            Some(Tunnel::Opening) => Stage::Tunnel { deadline },
             None => {
                 peer.tunnels.insert(class, Tunnel::Opening);
                 self.actions.push_back(Action::OpenTunnel { server, class });
-                Stage::Tunnel
+                Stage::Tunnel { deadline }
             }
         };
         self.pending.insert(

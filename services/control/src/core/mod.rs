@@ -201,10 +201,18 @@ struct Inbound {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
-    /// Waiting for the tunnel of its class.
-    Tunnel,
+    /// Waiting for the tunnel of its class until `deadline`.
+    Tunnel { deadline: Duration },
     /// Asked the peer; waiting for its verdict until `deadline`.
     Verdict { deadline: Duration },
+}
+
+impl Stage {
+    fn deadline(self) -> Duration {
+        match self {
+            Stage::Tunnel { deadline } | Stage::Verdict { deadline } => deadline,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -401,10 +409,7 @@ impl Control {
     /// When [`Control::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Duration> {
         let beats = self.peers.values().filter_map(|p| p.next_beat);
-        let verdicts = self.pending.values().filter_map(|p| match p.stage {
-            Stage::Verdict { deadline } => Some(deadline),
-            Stage::Tunnel => None,
-        });
+        let verdicts = self.pending.values().map(|p| p.stage.deadline());
         let limit = self.config.failure_after();
         // Declaring a failure changes the plane: it waits for the batch.
         let failures = self
@@ -433,12 +438,22 @@ impl Control {
         let expired: Vec<ConnKey> = self
             .pending
             .iter()
-            .filter(|(_, p)| matches!(p.stage, Stage::Verdict { deadline } if deadline <= now))
+            .filter(|(_, p)| p.stage.deadline() <= now)
             .map(|(k, _)| *k)
             .collect();
         for key in expired {
             if let Some(p) = self.pending.remove(&key) {
                 let server = key.dst.server();
+                if let Stage::Tunnel { .. } = p.stage {
+                    self.answer(
+                        p.request,
+                        Err(ControlError::Timeout(format!(
+                            "tunnel of class {} to {server} did not open",
+                            p.class
+                        ))),
+                    );
+                    continue;
+                }
                 self.answer(
                     p.request,
                     Err(ControlError::Timeout(format!(

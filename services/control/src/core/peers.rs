@@ -228,7 +228,10 @@ impl Control {
     pub(super) fn tunnel_ready(&mut self, server: Ipv4Addr, class: u8) {
         let deadline = self.now + self.config.verdict_timeout;
         for (key, p) in self.pending.iter_mut() {
-            if key.dst.server() == server && p.class == class && p.stage == Stage::Tunnel {
+            if key.dst.server() == server
+                && p.class == class
+                && matches!(p.stage, Stage::Tunnel { .. })
+            {
                 p.stage = Stage::Verdict { deadline };
                 self.actions.push_back(Action::ToPeer {
                     server,
