@@ -388,7 +388,17 @@ impl Control {
     /// batch is in flight and are handled, in order, once it is done.
     pub fn handle(&mut self, event: Event, now: Duration) {
         self.now = self.now.max(now);
-        if self.job.is_some() && !matches!(event, Event::PlaneDone { .. }) {
+        // A sign of life changes nothing in the plane: it never waits (so
+        // a stream of heartbeats cannot pile up behind a slow batch).
+        let passes = matches!(
+            event,
+            Event::PlaneDone { .. }
+                | Event::PeerMessage {
+                    msg: PeerMsg::Heartbeat,
+                    ..
+                }
+        );
+        if self.job.is_some() && !passes {
             self.waiting.push_back(event);
             return;
         }
