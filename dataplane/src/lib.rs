@@ -7,6 +7,8 @@
 //! - [`codec::MessageCodec`]: framing on byte streams.
 //! - [`Link`] and [`Stack`]: the traits every transport implements; [`mem`]:
 //!   the in-memory link.
+//! - [`batched::BatchedLink`]: the Stream/Sink plumbing of every stack's
+//!   link, over the stack's own batched I/O ([`batched::LinkIo`]).
 //! - [`fault`] and [`pcap`]: link middleware for fault injection and capture.
 //! - [`ring`]: the bounded single-producer single-consumer ring between
 //!   applications, stacks and the engine; [`sched`]: the output
@@ -29,6 +31,7 @@
 
 #![deny(missing_docs)]
 
+pub mod batched;
 pub mod codec;
 pub mod fault;
 pub mod link;

@@ -18,4 +18,4 @@ pub use crc::{crc32c, Crc32c};
 
 mod driver;
 
-pub use driver::{spawn_endpoint, Addr, LtlHandle, LtlLink, LtlListener, LtlStack};
+pub use driver::{spawn_endpoint, Addr, LtlConnection, LtlHandle, LtlLink, LtlListener, LtlStack};
