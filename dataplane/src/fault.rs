@@ -430,7 +430,7 @@ impl<L: Link> Link for FaultInjector<L> {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{mem, Uid};
+    use crate::{channel, Uid};
     use futures_util::{SinkExt, StreamExt};
     use std::net::Ipv4Addr;
 
@@ -444,7 +444,7 @@ mod tests {
 
     /// Sends `n` messages through an impaired link and returns what came out.
     async fn run(config: FaultConfig, n: u32) -> (Vec<u32>, FaultStats) {
-        let (mut a, b) = mem::pair(n as usize + 1);
+        let (mut a, b) = channel::pair(n as usize + 1);
         let mut rx = FaultInjector::new(b, config);
         for i in 0..n {
             a.feed(msg(i)).await.unwrap();
@@ -578,7 +578,7 @@ mod tests {
             delay_range: (Duration::from_millis(10), Duration::from_millis(10)),
             ..FaultConfig::new(2)
         };
-        let (mut a, b) = mem::pair(4);
+        let (mut a, b) = channel::pair(4);
         let mut rx = FaultInjector::new(b, cfg);
         let start = Instant::now();
         a.send(msg(1)).await.unwrap();

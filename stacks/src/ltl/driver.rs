@@ -1,4 +1,4 @@
-//! The thin async driver around the sans-IO [`Endpoint`]: one task per
+//! The thin async driver around the sans-IO [`LtlEndpoint`]: one task per
 //! datagram port receives bursts, feeds them in, runs the timers, sends
 //! what the endpoint has to send in bursts, and wakes the links whose
 //! connections changed. Links move messages to and from the endpoint in
@@ -20,7 +20,7 @@ use uniplane_dataplane::{
     BoxLink, BoxListener, Capabilities, LinkError, Locator, Message, Stack, StackError, StackFuture,
 };
 
-use super::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
+use super::core::{ConnError, ConnId, Event, LtlConfig, LtlEndpoint, LtlStats, Recv, SendError};
 use crate::datagram::fault::{BadProbability, LossyPort};
 use crate::datagram::{Datagram, DatagramPort, TxBatch};
 use crate::udp::{UdpConfig, UdpPort};
@@ -46,7 +46,7 @@ struct ConnWakers {
 }
 
 struct Inner<A> {
-    endpoint: Endpoint<A>,
+    endpoint: LtlEndpoint<A>,
     wakers: HashMap<ConnId, ConnWakers>,
     accept: Option<Waker>,
     /// Handles (stack, listener, links) still alive.
@@ -160,7 +160,7 @@ pub fn spawn_endpoint<P: DatagramPort>(
     let shared = Arc::new(Shared {
         max_message: config.max_message(),
         inner: Mutex::new(Inner {
-            endpoint: Endpoint::new(config, seed),
+            endpoint: LtlEndpoint::new(config, seed),
             wakers: HashMap::new(),
             accept: None,
             handles: 1,
