@@ -44,9 +44,10 @@ pub trait LinkIo: Send + Unpin {
     /// refused with [`LinkError::TooLarge`] (`usize::MAX`: no limit).
     fn max_message(&self) -> usize;
 
-    /// Queues one message to send (its size is already checked). It may
-    /// wait in the backlog until [`LinkIo::poll_push`].
-    fn queue(&mut self, message: Message);
+    /// Queues one message to send, of `encoded_len` bytes (already checked
+    /// against [`LinkIo::max_message`]). It may wait in the backlog until
+    /// [`LinkIo::poll_push`].
+    fn queue(&mut self, message: Message, encoded_len: usize);
 
     /// Whether the backlog is full: `poll_ready` then pushes it and waits
     /// while it stays full.
@@ -186,7 +187,7 @@ impl<I: LinkIo> Sink<Message> for BatchedLink<I> {
         if size > limit {
             return Err(LinkError::TooLarge { size, limit });
         }
-        io.queue(item);
+        io.queue(item, size);
         Ok(())
     }
 
@@ -250,7 +251,7 @@ mod tests {
         fn max_message(&self) -> usize {
             64
         }
-        fn queue(&mut self, m: Message) {
+        fn queue(&mut self, m: Message, _: usize) {
             self.backlog.push_back(m);
         }
         fn is_full(&self) -> bool {

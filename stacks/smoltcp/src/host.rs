@@ -628,7 +628,7 @@ impl<D: FrameDevice> LinkIo for TcpSocketIo<D> {
         usize::MAX
     }
 
-    fn queue(&mut self, message: Message) {
+    fn queue(&mut self, message: Message, _encoded_len: usize) {
         message.encode(&mut self.write);
     }
 
@@ -824,7 +824,7 @@ impl<D: FrameDevice> LinkIo for UdpPeerIo<D> {
         self.max_datagram
     }
 
-    fn queue(&mut self, message: Message) {
+    fn queue(&mut self, message: Message, _encoded_len: usize) {
         self.tx.push_back(message);
     }
 

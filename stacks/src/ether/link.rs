@@ -385,8 +385,8 @@ impl<D: FrameDevice> LinkIo for EtherPeer<D> {
         self.dev.mtu
     }
 
-    fn queue(&mut self, message: Message) {
-        debug_assert!(message.encoded_len() >= HEADER_LEN);
+    fn queue(&mut self, message: Message, encoded_len: usize) {
+        debug_assert!(encoded_len >= HEADER_LEN);
         self.tx.push_back(message);
     }
 

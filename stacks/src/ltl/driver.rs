@@ -371,7 +371,7 @@ impl<A: Addr> LinkIo for LtlConnection<A> {
         self.shared.max_message
     }
 
-    fn queue(&mut self, message: Message) {
+    fn queue(&mut self, message: Message, _encoded_len: usize) {
         self.tx.push_back(message);
     }
 

@@ -433,8 +433,7 @@ impl LinkIo for UdpSocketIo {
     }
 
     /// Packs the message into the last datagram when it fits there.
-    fn queue(&mut self, message: Message) {
-        let size = message.encoded_len();
+    fn queue(&mut self, message: Message, size: usize) {
         let fits =
             self.pack && matches!(self.tx.last_len(), Some(l) if l + size <= self.max_datagram);
         if !fits {
