@@ -14,6 +14,8 @@ use uniplane_overlay::{PortCounters, PortId};
 use super::driver::Driver;
 use super::Shared;
 use crate::control::Answer;
+use uniplane_dataplane::wire::ReqType;
+use uniplane_overlay::acl::{ConnKey, TypeSet};
 use uniplane_overlay::PlaneReply;
 
 pub(super) fn status(d: &Driver) -> serde_json::Value {
@@ -150,6 +152,71 @@ pub(super) async fn stats(shared: &Shared) -> serde_json::Value {
         .into_iter()
         .map(|(name, port, c)| json!({ "name": name, "port": port, "counters": counters_json(&c) }))
         .collect::<Vec<_>>())
+}
+
+/// `uniplane plane dump`: every port's tables and counters and the
+/// translator, as the plane holds them (read back in one batch).
+pub(super) async fn plane_dump(shared: &Shared) -> Answer {
+    let Some(ports) = shared.inspect(ports).await else {
+        return Answer::err("engine", "the daemon is stopping");
+    };
+    let mut ops: Vec<PlaneOp> = ports.iter().map(|(_, p)| PlaneOp::Dump(*p)).collect();
+    ops.push(PlaneOp::Translations);
+    let mut replies = match shared.plane.submit(ops).await {
+        Ok(r) => r,
+        Err(e) => return Answer::err("engine", e.to_string()),
+    };
+    let translations = match replies.pop() {
+        Some(Ok(PlaneReply::Translations(t))) => t
+            .iter()
+            .map(|(c, out)| json!({ "conn": conn_json(c), "port": out }))
+            .collect::<Vec<_>>(),
+        Some(Err(e)) => return Answer::err("engine", e.to_string()),
+        _ => Vec::new(),
+    };
+    let rows: Vec<serde_json::Value> = ports
+        .into_iter()
+        .zip(replies)
+        .map(|((name, port), r)| match r {
+            Ok(PlaneReply::Dump(d)) => json!({
+                "name": name,
+                "port": port,
+                "plane_name": d.name,
+                "kind": d.kind.map(|k| format!("{k:?}")),
+                "routes": d.routes.iter().map(|r| json!({
+                    "key": r.key.to_string(), "mask": format!("{:#014x}", r.mask),
+                    "priority": r.priority, "port": r.port,
+                })).collect::<Vec<_>>(),
+                "default_route": d.default_route,
+                "connections": d.connections.iter().map(conn_json).collect::<Vec<_>>(),
+                "rules": d.rules.iter().map(|r| json!({
+                    "src": r.src.to_string(), "src_mask": format!("{:#014x}", r.src_mask),
+                    "dst": r.dst.to_string(), "dst_mask": format!("{:#014x}", r.dst_mask),
+                    "types": if r.types == TypeSet::ALL { vec!["all".to_string()] } else {
+                        ReqType::ALL.iter().filter(|t| r.types.contains(**t))
+                            .map(|t| format!("{t:?}")).collect::<Vec<_>>()
+                    },
+                    "allow": r.allow,
+                })).collect::<Vec<_>>(),
+                "policy": d.policy.as_ref().map(|p| format!("{p:?}")),
+                "counters": counters_json(&d.counters),
+            }),
+            Ok(_) => json!({ "name": name, "port": port, "error": "unexpected reply" }),
+            Err(e) => json!({ "name": name, "port": port, "error": e.to_string() }),
+        })
+        .collect();
+    Answer::ok(json!({
+        "plane": shared.plane.kind(),
+        "ports": rows,
+        "translations": translations,
+    }))
+}
+
+fn conn_json(c: &ConnKey) -> serde_json::Value {
+    json!({
+        "src": c.src.to_string(), "src_port": c.src_port,
+        "dst": c.dst.to_string(), "dst_port": c.dst_port,
+    })
 }
 
 /// A Prometheus counter family: name, help, and how to read it.

@@ -111,6 +111,7 @@ async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
             .map_or_else(gone, Answer::ok),
         CtlRequest::Tables { device } => observe::tables(shared, device).await,
         CtlRequest::Stats => Answer::ok(observe::stats(shared).await),
+        CtlRequest::PlaneDump => observe::plane_dump(shared).await,
         CtlRequest::Metrics => Answer::ok(json!({ "text": observe::metrics_text(shared).await })),
         CtlRequest::Policy { device, set } => {
             let port = shared
