@@ -8,25 +8,14 @@
 //!   [`FaultInjector`] on links, `uniplane_stacks::datagram::fault` on
 //!   datagram ports and simulated paths) draws them the same way and
 //!   differs only in what it wraps and how it carries a decision out.
-//! - [`FaultInjector`] impairs what a [`Link`] *receives*; sending passes
+//! - [`FaultInjector`] impairs what a [`Link`](crate::Link) *receives*; sending passes
 //!   through untouched. To impair both directions, wrap both ends. Given
 //!   the same seed and the same sequence of arrivals, the same messages are
 //!   dropped, duplicated, corrupted and delayed.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use futures_core::Stream;
-use futures_sink::Sink;
-use tokio::time::{Instant, Sleep};
-
-use crate::link::{Link, LinkError};
-use crate::{Message, SplitMix64};
+use crate::SplitMix64;
 
 /// How often each fault happens (probabilities, 0.0–1.0) and how long a
 /// delay lasts: what a [`FaultDecider`] draws from. Zero everywhere (the
@@ -211,228 +200,253 @@ pub struct FaultStats {
     pub delayed: u64,
 }
 
-struct Delayed {
-    due: Instant,
-    order: u64,
-    message: Message,
-}
+#[cfg(feature = "tokio")]
+pub use injector::FaultInjector;
 
-impl PartialEq for Delayed {
-    fn eq(&self, other: &Self) -> bool {
-        (self.due, self.order) == (other.due, other.order)
-    }
-}
-impl Eq for Delayed {}
-impl PartialOrd for Delayed {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Delayed {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.due, self.order).cmp(&(other.due, other.order))
-    }
-}
+/// The link wrapper: needs tokio's timer for delayed messages.
+#[cfg(feature = "tokio")]
+mod injector {
+    use super::*;
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, VecDeque};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
 
-/// A [`Link`] that impairs what `L` receives.
-pub struct FaultInjector<L> {
-    inner: L,
-    decider: FaultDecider,
-    stats: FaultStats,
-    /// Messages to deliver before reading the wrapped link again
-    /// (duplicates, released held messages).
-    ready: VecDeque<Message>,
-    /// A message held back to be delivered after the next one.
-    held: Option<Message>,
-    /// Delayed messages, earliest first.
-    delayed: BinaryHeap<Reverse<Delayed>>,
-    delayed_order: u64,
-    timer: Option<Pin<Box<Sleep>>>,
-    inner_done: bool,
-}
+    use bytes::{Bytes, BytesMut};
+    use futures_core::Stream;
+    use futures_sink::Sink;
+    use tokio::time::{Instant, Sleep};
 
-impl<L: Link> FaultInjector<L> {
-    /// Wraps `inner`, impairing what it receives as `config` says.
-    pub fn new(inner: L, config: FaultConfig) -> Self {
-        FaultInjector {
-            inner,
-            decider: FaultDecider::new(config.rates(), config.seed),
-            stats: FaultStats::default(),
-            ready: VecDeque::new(),
-            held: None,
-            delayed: BinaryHeap::new(),
-            delayed_order: 0,
-            timer: None,
-            inner_done: false,
+    use crate::link::{Link, LinkError};
+    use crate::Message;
+
+    struct Delayed {
+        due: Instant,
+        order: u64,
+        message: Message,
+    }
+
+    impl PartialEq for Delayed {
+        fn eq(&self, other: &Self) -> bool {
+            (self.due, self.order) == (other.due, other.order)
+        }
+    }
+    impl Eq for Delayed {}
+    impl PartialOrd for Delayed {
+        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl Ord for Delayed {
+        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+            (self.due, self.order).cmp(&(other.due, other.order))
         }
     }
 
-    /// Counters of what was done so far.
-    pub fn stats(&self) -> FaultStats {
-        self.stats
+    /// A [`Link`] that impairs what `L` receives.
+    pub struct FaultInjector<L> {
+        inner: L,
+        decider: FaultDecider,
+        stats: FaultStats,
+        /// Messages to deliver before reading the wrapped link again
+        /// (duplicates, released held messages).
+        ready: VecDeque<Message>,
+        /// A message held back to be delivered after the next one.
+        held: Option<Message>,
+        /// Delayed messages, earliest first.
+        delayed: BinaryHeap<Reverse<Delayed>>,
+        delayed_order: u64,
+        timer: Option<Pin<Box<Sleep>>>,
+        inner_done: bool,
     }
 
-    /// The wrapped link.
-    pub fn get_ref(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped link, mutably.
-    pub fn get_mut(&mut self) -> &mut L {
-        &mut self.inner
-    }
-
-    /// The message with bit `bit` of its encoding flipped; `None` when
-    /// the result no longer decodes.
-    fn corrupt(message: &Message, bit: usize) -> Option<Message> {
-        let mut buf = BytesMut::with_capacity(message.encoded_len());
-        message.encode(&mut buf);
-        flip_bit(&mut buf, bit);
-        let bytes: Bytes = buf.freeze();
-        Message::decode(&bytes).ok().map(|(m, _)| m)
-    }
-
-    fn deliver(&mut self, m: Message) -> Poll<Option<Result<Message, LinkError>>> {
-        self.stats.delivered += 1;
-        Poll::Ready(Some(Ok(m)))
-    }
-
-    /// Carries out the decider's faults on a freshly received message;
-    /// `Some` to deliver now.
-    fn impair(&mut self, mut m: Message) -> Option<Message> {
-        self.stats.received += 1;
-        let fate = self.decider.decide(m.encoded_len());
-        if fate.lost {
-            self.stats.lost += 1;
-            return None;
-        }
-        if let Some(bit) = fate.flip_bit {
-            self.stats.corrupted += 1;
-            match Self::corrupt(&m, bit) {
-                Some(altered) => m = altered,
-                None => {
-                    self.stats.malformed += 1;
-                    return None;
-                }
+    impl<L: Link> FaultInjector<L> {
+        /// Wraps `inner`, impairing what it receives as `config` says.
+        pub fn new(inner: L, config: FaultConfig) -> Self {
+            FaultInjector {
+                inner,
+                decider: FaultDecider::new(config.rates(), config.seed),
+                stats: FaultStats::default(),
+                ready: VecDeque::new(),
+                held: None,
+                delayed: BinaryHeap::new(),
+                delayed_order: 0,
+                timer: None,
+                inner_done: false,
             }
         }
-        if fate.duplicate {
-            self.stats.duplicated += 1;
-            self.ready.push_back(m.clone());
-        }
-        if let Some(extra) = fate.delay {
-            self.stats.delayed += 1;
-            self.delayed_order += 1;
-            self.delayed.push(Reverse(Delayed {
-                due: Instant::now() + extra,
-                order: self.delayed_order,
-                message: m,
-            }));
-            return None;
-        }
-        if fate.reorder && self.held.is_none() {
-            self.stats.reordered += 1;
-            self.held = Some(m);
-            return None;
-        }
-        Some(m)
-    }
 
-    /// A delayed message whose time has come, or a registered timer.
-    fn poll_delayed(&mut self, cx: &mut Context<'_>) -> Option<Message> {
-        let due = self.delayed.peek()?.0.due;
-        if due <= Instant::now() {
-            self.timer = None;
-            return self.delayed.pop().map(|Reverse(d)| d.message);
+        /// Counters of what was done so far.
+        pub fn stats(&self) -> FaultStats {
+            self.stats
         }
-        let timer = self
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
-        if timer.deadline() != due {
-            timer.as_mut().reset(due);
-        }
-        if timer.as_mut().poll(cx).is_ready() {
-            self.timer = None;
-            return self.delayed.pop().map(|Reverse(d)| d.message);
-        }
-        None
-    }
-}
 
-impl<L: Link> Stream for FaultInjector<L> {
-    type Item = Result<Message, LinkError>;
+        /// The wrapped link.
+        pub fn get_ref(&self) -> &L {
+            &self.inner
+        }
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(m) = this.ready.pop_front() {
-                return this.deliver(m);
+        /// The wrapped link, mutably.
+        pub fn get_mut(&mut self) -> &mut L {
+            &mut self.inner
+        }
+
+        /// The message with bit `bit` of its encoding flipped; `None` when
+        /// the result no longer decodes.
+        fn corrupt(message: &Message, bit: usize) -> Option<Message> {
+            let mut buf = BytesMut::with_capacity(message.encoded_len());
+            message.encode(&mut buf);
+            flip_bit(&mut buf, bit);
+            let bytes: Bytes = buf.freeze();
+            Message::decode(&bytes).ok().map(|(m, _)| m)
+        }
+
+        fn deliver(&mut self, m: Message) -> Poll<Option<Result<Message, LinkError>>> {
+            self.stats.delivered += 1;
+            Poll::Ready(Some(Ok(m)))
+        }
+
+        /// Carries out the decider's faults on a freshly received message;
+        /// `Some` to deliver now.
+        fn impair(&mut self, mut m: Message) -> Option<Message> {
+            self.stats.received += 1;
+            let fate = self.decider.decide(m.encoded_len());
+            if fate.lost {
+                self.stats.lost += 1;
+                return None;
             }
-            if let Some(m) = this.poll_delayed(cx) {
-                return this.deliver(m);
-            }
-            if this.inner_done {
-                if let Some(m) = this.held.take() {
-                    return this.deliver(m);
-                }
-                return if this.delayed.is_empty() {
-                    Poll::Ready(None)
-                } else {
-                    Poll::Pending
-                };
-            }
-            match Pin::new(&mut this.inner).poll_next(cx) {
-                Poll::Ready(Some(Ok(m))) => {
-                    if let Some(m) = this.impair(m) {
-                        // A held message goes out right after this one.
-                        if let Some(h) = this.held.take() {
-                            this.ready.push_back(h);
-                        }
-                        return this.deliver(m);
+            if let Some(bit) = fate.flip_bit {
+                self.stats.corrupted += 1;
+                match Self::corrupt(&m, bit) {
+                    Some(altered) => m = altered,
+                    None => {
+                        self.stats.malformed += 1;
+                        return None;
                     }
                 }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => this.inner_done = true,
-                Poll::Pending => {
-                    // Idle: a held message must not wait forever.
+            }
+            if fate.duplicate {
+                self.stats.duplicated += 1;
+                self.ready.push_back(m.clone());
+            }
+            if let Some(extra) = fate.delay {
+                self.stats.delayed += 1;
+                self.delayed_order += 1;
+                self.delayed.push(Reverse(Delayed {
+                    due: Instant::now() + extra,
+                    order: self.delayed_order,
+                    message: m,
+                }));
+                return None;
+            }
+            if fate.reorder && self.held.is_none() {
+                self.stats.reordered += 1;
+                self.held = Some(m);
+                return None;
+            }
+            Some(m)
+        }
+
+        /// A delayed message whose time has come, or a registered timer.
+        fn poll_delayed(&mut self, cx: &mut Context<'_>) -> Option<Message> {
+            let due = self.delayed.peek()?.0.due;
+            if due <= Instant::now() {
+                self.timer = None;
+                return self.delayed.pop().map(|Reverse(d)| d.message);
+            }
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+            if timer.deadline() != due {
+                timer.as_mut().reset(due);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                self.timer = None;
+                return self.delayed.pop().map(|Reverse(d)| d.message);
+            }
+            None
+        }
+    }
+
+    impl<L: Link> Stream for FaultInjector<L> {
+        type Item = Result<Message, LinkError>;
+
+        fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            let this = self.get_mut();
+            loop {
+                if let Some(m) = this.ready.pop_front() {
+                    return this.deliver(m);
+                }
+                if let Some(m) = this.poll_delayed(cx) {
+                    return this.deliver(m);
+                }
+                if this.inner_done {
                     if let Some(m) = this.held.take() {
                         return this.deliver(m);
                     }
-                    return Poll::Pending;
+                    return if this.delayed.is_empty() {
+                        Poll::Ready(None)
+                    } else {
+                        Poll::Pending
+                    };
+                }
+                match Pin::new(&mut this.inner).poll_next(cx) {
+                    Poll::Ready(Some(Ok(m))) => {
+                        if let Some(m) = this.impair(m) {
+                            // A held message goes out right after this one.
+                            if let Some(h) = this.held.take() {
+                                this.ready.push_back(h);
+                            }
+                            return this.deliver(m);
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                    Poll::Ready(None) => this.inner_done = true,
+                    Poll::Pending => {
+                        // Idle: a held message must not wait forever.
+                        if let Some(m) = this.held.take() {
+                            return this.deliver(m);
+                        }
+                        return Poll::Pending;
+                    }
                 }
             }
         }
     }
+
+    impl<L: Link> Sink<Message> for FaultInjector<L> {
+        type Error = LinkError;
+
+        fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+            Pin::new(&mut self.get_mut().inner).poll_ready(cx)
+        }
+
+        fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
+            Pin::new(&mut self.get_mut().inner).start_send(item)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+            Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        }
+
+        fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+            Pin::new(&mut self.get_mut().inner).poll_close(cx)
+        }
+    }
+
+    impl<L: Link> Link for FaultInjector<L> {}
 }
-
-impl<L: Link> Sink<Message> for FaultInjector<L> {
-    type Error = LinkError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        Pin::new(&mut self.get_mut().inner).poll_ready(cx)
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        Pin::new(&mut self.get_mut().inner).start_send(item)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        Pin::new(&mut self.get_mut().inner).poll_close(cx)
-    }
-}
-
-impl<L: Link> Link for FaultInjector<L> {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{channel, Uid};
+    use crate::{channel, Message, Uid};
+    use bytes::Bytes;
     use futures_util::{SinkExt, StreamExt};
     use std::net::Ipv4Addr;
+    use std::time::Duration;
+    use tokio::time::Instant;
 
     fn msg(i: u32) -> Message {
         let a = Uid::new(Ipv4Addr::LOCALHOST, 1).port(1);

@@ -33,6 +33,7 @@
 
 pub mod batched;
 pub mod channel;
+#[cfg(feature = "tokio")]
 pub mod codec;
 pub mod fault;
 pub mod link;
