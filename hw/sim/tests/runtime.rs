@@ -129,6 +129,10 @@ fn a_slow_reader_loses_nothing_the_output_is_held_instead() {
     let _la = sender.join().unwrap();
     let c = plane.counters(b).unwrap();
     assert_eq!(c.tx_msgs, u64::from(N));
+    assert!(
+        plane.counters(a).unwrap().input_stalls > 0,
+        "the held output pushed back into the RTL"
+    );
     assert!(plane.stop().is_some());
 }
 
