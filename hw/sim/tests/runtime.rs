@@ -316,3 +316,29 @@ fn dump_after_the_same_ops_reads_back_what_the_engine_holds() {
     drop(rtl_plane);
     assert!(rtl.stop().is_some());
 }
+
+#[test]
+fn the_largest_message_crosses_whole() {
+    let mut plane = RtlPlane::new(RtlPlaneConfig {
+        model: Model::N4,
+        ..RtlPlaneConfig::default()
+    });
+    let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
+    let (b, mut lb) = plane.attach(PortSpec::app("b")).unwrap();
+    plane.add_route(a, Route::exact(uid(2), b)).unwrap();
+    plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
+    let payload: Vec<u8> = (0..Message::MAX_PAYLOAD).map(|i| i as u8).collect();
+    let m = Message::send(uid(1).port(1), uid(2).port(2), Bytes::from(payload)).unwrap();
+    block_on(la.send(m.clone())).unwrap();
+    let mut got = None;
+    for _ in 0..2000 {
+        plane.step();
+        if let Some(Some(Ok(d))) = lb.next().now_or_never() {
+            got = Some(d);
+            break;
+        }
+    }
+    let got = got.expect("delivered");
+    assert_eq!(got.header(), m.header());
+    assert_eq!(got.payload(), m.payload());
+}
