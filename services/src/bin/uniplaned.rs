@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use uniplane_services::config::{Config, DEFAULT_CONFIG};
-use uniplane_services::{open_plane, Daemon, PlaneKind};
+use uniplane_services::{Daemon, PlaneKind};
 
 /// The uniplane host daemon.
 #[derive(Parser)]
@@ -34,26 +34,6 @@ struct Args {
 fn parse_plane(s: &str) -> Result<PlaneKind, String> {
     s.parse()
         .map_err(|e: uniplane_services::plane::UnknownPlane| e.to_string())
-}
-
-/// Starts the daemon on the plane of `kind`: the one place where the
-/// plane meets the daemon. The engine is still built by `Daemon::start`;
-/// the RTL plane opens (so a build without it, or without Verilator's
-/// model, says so) but the daemon cannot take a plane from outside until
-/// `Daemon::start_with_plane(config, plane)` exists, which will replace
-/// this match with `Daemon::start_with_plane(config, open_plane(kind, &config)?)`.
-async fn start(config: Config, kind: PlaneKind) -> Result<Daemon, String> {
-    match kind {
-        PlaneKind::Engine => Daemon::start(config).await.map_err(|e| e.to_string()),
-        PlaneKind::Rtl => {
-            let _plane = open_plane(kind, &config)?;
-            Err(
-                "the RTL plane opened, but this daemon cannot run on it yet \
-                 (it needs Daemon::start_with_plane); use --plane engine"
-                    .to_owned(),
-            )
-        }
-    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -109,8 +89,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     runtime.block_on(async move {
-        let kind = config.plane;
-        let daemon = match start(config, kind).await {
+        let daemon = match Daemon::start(config).await {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("uniplaned: {e}");

@@ -34,10 +34,9 @@ use uniplane_control::{
 };
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
-use uniplane_overlay::{Engine, EngineConfig, RunMode};
 
 pub use self::observe::parse_policy;
-use crate::config::{Config, DefaultAction, DeviceKind, EngineMode};
+use crate::config::{Config, DefaultAction, DeviceKind};
 use crate::control::PeerRequest;
 pub use uniplane_overlay::PlaneHandle;
 
@@ -52,6 +51,9 @@ pub enum DaemonError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// The configured plane cannot run in this build or on this machine.
+    #[error("{0}")]
+    NoPlane(String),
     /// The plane refused a setup step.
     #[error("plane: {0}")]
     Plane(#[from] uniplane_overlay::PlaneError),
@@ -204,18 +206,8 @@ impl Daemon {
     /// Starts a daemon on the current tokio runtime with the software
     /// engine as its plane.
     pub async fn start(config: Config) -> Result<Daemon, DaemonError> {
-        let engine = Engine::new(EngineConfig {
-            max_ports: config.max_ports,
-            ring_depth: config.ring_depth,
-            voq_depth: config.voq_depth,
-            table_capacity: config.table_capacity,
-            ..EngineConfig::default()
-        });
-        let mode = match config.mode {
-            EngineMode::BusyPoll => RunMode::BusyPoll,
-            EngineMode::SpinThenPark => RunMode::SpinThenPark { spins: 2048 },
-        };
-        let plane = Arc::new(engine.spawn(mode));
+        let plane =
+            crate::plane::open_plane(config.plane, &config).map_err(DaemonError::NoPlane)?;
         Daemon::start_with_plane(config, plane).await
     }
 
