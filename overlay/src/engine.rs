@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use uniplane_dataplane::ring::{ring_link, RingLink, RingPort};
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::Status;
-use uniplane_dataplane::{Message, PortIo, Uid};
+use uniplane_dataplane::{Message, PortClosed, PortIo, Uid};
 
 use crate::acl::{AccessControl, AclRule, ConnKey};
 use crate::crossbar::Crossbar;
@@ -114,6 +114,60 @@ impl Queues {
             Queues::Ring(q) => q,
             Queues::Io(q) => &mut **q,
         }
+    }
+}
+
+/// Dispatches per call on the kind of queues: the engine's rings are
+/// called directly (inlined), others through their vtable. One
+/// instantiation of the burst loops serves both, so adding caller-supplied
+/// queues does not change how the ring path is compiled; the extra branch
+/// is taken the same way for every message of a burst.
+macro_rules! dispatch {
+    ($self:ident, $q:ident => $e:expr) => {
+        match $self {
+            Queues::Ring($q) => $e,
+            Queues::Io($q) => $e,
+        }
+    };
+}
+
+impl PortIo for Queues {
+    #[inline(always)]
+    fn peek(&mut self) -> Option<&Message> {
+        dispatch!(self, q => q.peek())
+    }
+    #[inline(always)]
+    fn pop(&mut self) -> Option<Message> {
+        dispatch!(self, q => q.pop())
+    }
+    #[inline(always)]
+    fn available(&mut self) -> usize {
+        dispatch!(self, q => q.available())
+    }
+    #[inline(always)]
+    fn release(&mut self) {
+        dispatch!(self, q => q.release())
+    }
+    fn poll_available(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        dispatch!(self, q => q.poll_available(cx))
+    }
+    #[inline(always)]
+    fn free(&mut self) -> usize {
+        dispatch!(self, q => q.free())
+    }
+    #[inline(always)]
+    fn push(&mut self, m: Message) -> Result<(), Message> {
+        dispatch!(self, q => q.push(m))
+    }
+    #[inline(always)]
+    fn flush(&mut self) {
+        dispatch!(self, q => q.flush())
+    }
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        dispatch!(self, q => q.poll_ready(cx))
+    }
+    fn is_closed(&mut self) -> bool {
+        dispatch!(self, q => q.is_closed())
     }
 }
 
@@ -358,10 +412,7 @@ impl Engine {
             burst: self.config.burst,
             pi,
         };
-        match queues {
-            Queues::Ring(q) => input.read(q),
-            Queues::Io(q) => input.read(&mut **q),
-        }
+        input.read(queues)
     }
 
     fn write_output(&mut self, o: PortId, now: Duration) -> usize {
@@ -374,14 +425,7 @@ impl Engine {
             counters,
             ..
         } = port;
-        match queues {
-            Queues::Ring(q) => {
-                Self::fill_output(q, &mut self.crossbar, reassembler, counters, o, now)
-            }
-            Queues::Io(q) => {
-                Self::fill_output(&mut **q, &mut self.crossbar, reassembler, counters, o, now)
-            }
-        }
+        Self::fill_output(queues, &mut self.crossbar, reassembler, counters, o, now)
     }
 
     /// Moves what output `o`'s scheduler picks into `q` while it has room,
