@@ -4,16 +4,18 @@
 //! thread → back. Prints percentiles; not a timed assertion.
 //!
 //! ```text
-//! cargo run --release -p uniplane-services --example short_path_rtt -- [ROUND_TRIPS] [SIZE]
+//! cargo run --release -p uniplane-services --example short_path_rtt -- [ROUND_TRIPS] [SIZE] [await|spin]
 //! ```
 //!
 //! Each side spins on its own thread, so it wants two free cores; on a
 //! shared machine the figures move with the load.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use uniplane_dataplane::{Message, Uid};
 use uniplane_overlay::acl::AclRule;
 use uniplane_overlay::table::Route;
@@ -26,6 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200_000);
     let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    // `await` (default): the link busy-polls by yielding to its tokio
+    // runtime, which checks its reactor (epoll_wait) at every turn;
+    // `spin`: the application polls the link in a loop of its own.
+    let spin_in_place = args.next().as_deref() == Some("spin");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -53,14 +59,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let engine = engine.spawn(RunMode::BusyPoll);
         tokio::spawn(bell);
         let payload = Bytes::from(vec![0u8; size]);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
         let mut rtt = Vec::with_capacity(rounds);
         let warm = rounds / 10;
         for i in 0..rounds + warm {
             let mut m = Message::send(app.port(5), echo.port(80), payload.clone())?;
             m.set_seqnum(i as u32);
             let t0 = Instant::now();
-            link.send(m).await?;
-            let back = link.next().await.ok_or("the data path closed")??;
+            let back = if spin_in_place {
+                // The application's own busy loop: poll the link with a
+                // no-op waker and never yield to the runtime.
+                let mut m = Some(m);
+                loop {
+                    match Pin::new(&mut link).poll_ready(&mut cx) {
+                        Poll::Ready(r) => break r?,
+                        Poll::Pending => std::hint::spin_loop(),
+                    }
+                }
+                Pin::new(&mut link).start_send(m.take().ok_or("sent twice")?)?;
+                let _ = Pin::new(&mut link).poll_flush(&mut cx)?;
+                loop {
+                    match Pin::new(&mut link).poll_next(&mut cx) {
+                        Poll::Ready(m) => break m.ok_or("the data path closed")??,
+                        Poll::Pending => std::hint::spin_loop(),
+                    }
+                }
+            } else {
+                link.send(m).await?;
+                link.next().await.ok_or("the data path closed")??
+            };
             let ns = t0.elapsed().as_nanos() as u64;
             if back.header().seqnum != i as u32 {
                 return Err("answer out of order".into());
@@ -72,9 +100,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rtt.sort_unstable();
         let at = |q: f64| rtt[((rtt.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
         println!(
-            "short path (ShmLink busy-poll → engine BusyPoll + ShmPort → inline echo), \
+            "short path (ShmLink busy-poll ({}) → engine BusyPoll + ShmPort → inline echo), \
              {size} B, {rounds} round trips: p50 {:.2} µs, p90 {:.2} µs, p99 {:.2} µs, \
              p99.9 {:.2} µs, doorbells rung by the app {}",
+            if spin_in_place { "own loop" } else { "tokio yield" },
             at(0.5),
             at(0.9),
             at(0.99),
