@@ -4,7 +4,7 @@
 //! thread → back. Prints percentiles; not a timed assertion.
 //!
 //! ```text
-//! cargo run --release -p uniplane-services --example short_path_rtt -- [ROUND_TRIPS] [SIZE] [await|spin]
+//! cargo run --release -p uniplane-services --example short_path_rtt -- [ROUND_TRIPS] [SIZE] [await|spin|flood]
 //! ```
 //!
 //! Each side spins on its own thread, so it wants two free cores; on a
@@ -31,7 +31,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `await` (default): the link busy-polls by yielding to its tokio
     // runtime, which checks its reactor (epoll_wait) at every turn;
     // `spin`: the application polls the link in a loop of its own.
-    let spin_in_place = args.next().as_deref() == Some("spin");
+    // `flood`: no round trips; the application keeps up to 4096 messages
+    // in flight in its own loop and counts the echoes (throughput).
+    let mode = args.next().unwrap_or_default();
+    let spin_in_place = mode == "spin" || mode == "flood";
+    let flood = mode == "flood";
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -61,6 +65,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let payload = Bytes::from(vec![0u8; size]);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
+        if flood {
+            let t0 = Instant::now();
+            let (mut sent, mut got) = (0usize, 0usize);
+            while got < rounds {
+                while sent < rounds && sent - got < 4096 {
+                    match Pin::new(&mut link).poll_ready(&mut cx) {
+                        Poll::Ready(r) => r?,
+                        Poll::Pending => break,
+                    }
+                    let mut m = Message::send(app.port(5), echo.port(80), payload.clone())?;
+                    m.set_seqnum(sent as u32);
+                    Pin::new(&mut link).start_send(m)?;
+                    sent += 1;
+                }
+                let _ = Pin::new(&mut link).poll_flush(&mut cx)?;
+                while let Poll::Ready(m) = Pin::new(&mut link).poll_next(&mut cx) {
+                    let m = m.ok_or("the data path closed")??;
+                    if m.header().seqnum != got as u32 {
+                        return Err("answer out of order".into());
+                    }
+                    got += 1;
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            println!(
+                "short path flood ({size} B, app's own loop, engine BusyPoll, inline echo): \
+                 {rounds} messages each way in {secs:.3} s = {:.2} M msgs/s each way",
+                rounds as f64 / secs / 1e6
+            );
+            drop(engine.stop());
+            return Ok(());
+        }
         let mut rtt = Vec::with_capacity(rounds);
         let warm = rounds / 10;
         for i in 0..rounds + warm {
@@ -103,7 +139,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "short path (ShmLink busy-poll ({}) → engine BusyPoll + ShmPort → inline echo), \
              {size} B, {rounds} round trips: p50 {:.2} µs, p90 {:.2} µs, p99 {:.2} µs, \
              p99.9 {:.2} µs, doorbells rung by the app {}",
-            if spin_in_place { "own loop" } else { "tokio yield" },
+            if spin_in_place {
+                "own loop"
+            } else {
+                "tokio yield"
+            },
             at(0.5),
             at(0.9),
             at(0.99),

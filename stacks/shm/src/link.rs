@@ -60,6 +60,9 @@ const PREFIX_BYTES: usize = 4096;
 const HELLO_BYTES: usize = 32;
 /// Messages moved per receive pass when the caller sets no limit.
 const RECV_BATCH: usize = 64;
+/// A busy-polling end looks at the socket for the peer's death once in
+/// this many empty polls.
+const BUSY_LIVENESS_EVERY: u32 = 64;
 
 /// How a link is set up; the listener's configuration decides the sizes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,6 +162,9 @@ pub struct ShmLink {
     spin: Duration,
     busy_poll: bool,
     peer_gone: bool,
+    /// Empty (or full) polls of a busy-polling end; the socket is looked
+    /// at every [`BUSY_LIVENESS_EVERY`] of them, not at each.
+    busy_polls: u32,
     /// The link failed or its failure was reported; the stream is over.
     finished: bool,
     closed: bool,
@@ -440,6 +446,7 @@ impl ShmLink {
             spin: cfg.spin,
             busy_poll: cfg.busy_poll,
             peer_gone: false,
+            busy_polls: 0,
             finished: false,
             closed: false,
             stats: ShmLinkStats::default(),
@@ -595,6 +602,13 @@ impl ShmLink {
         true
     }
 
+    /// [`ShmLink::poll_peer_gone`] for a busy-polling end, which would
+    /// otherwise ask the socket at every empty poll.
+    fn busy_peer_gone(&mut self, cx: &mut Context<'_>) -> bool {
+        self.busy_polls = self.busy_polls.wrapping_add(1);
+        self.peer_gone || (self.busy_polls % BUSY_LIVENESS_EVERY == 0 && self.poll_peer_gone(cx))
+    }
+
     /// `Ready(Ok(true))` when records are published, `Ready(Ok(false))` when
     /// none will come any more (peer closed or gone, ring drained).
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, LinkError>> {
@@ -602,7 +616,7 @@ impl ShmLink {
             return Poll::Ready(Ok(true));
         }
         if self.busy_poll {
-            if self.rx.producer_closed(&self.mem) || self.poll_peer_gone(cx) {
+            if self.rx.producer_closed(&self.mem) || self.busy_peer_gone(cx) {
                 let more = self.rx.has_data(&self.mem).map_err(corrupt)?;
                 return Poll::Ready(Ok(more));
             }
@@ -709,7 +723,7 @@ impl ShmLink {
                 continue;
             }
             if self.busy_poll {
-                if self.poll_peer_gone(cx) {
+                if self.busy_peer_gone(cx) {
                     return Poll::Ready(Err(LinkError::Closed));
                 }
                 cx.waker().wake_by_ref();
