@@ -106,17 +106,6 @@ enum Fate {
     Answer(Status),
 }
 
-impl Queues {
-    /// The queues as a [`PortIo`], for the cold paths (parking, idle
-    /// checks) where dynamic dispatch costs nothing that matters.
-    fn as_io(&mut self) -> &mut dyn PortIo {
-        match self {
-            Queues::Ring(q) => q,
-            Queues::Io(q) => &mut **q,
-        }
-    }
-}
-
 /// Dispatches per call on the kind of queues: the engine's rings are
 /// called directly (inlined), others through their vtable. One
 /// instantiation of the burst loops serves both, so adding caller-supplied
@@ -338,7 +327,7 @@ impl Engine {
 
     /// Whether the far side of port `id` is gone (see [`PortIo::is_closed`]).
     pub fn port_closed(&mut self, id: PortId) -> Result<bool, PlaneError> {
-        Ok(self.port_mut(id)?.queues.as_io().is_closed())
+        Ok(self.port_mut(id)?.queues.is_closed())
     }
 
     /// The name of port `id`.
@@ -483,7 +472,7 @@ impl Engine {
     fn has_work(&mut self) -> bool {
         let crossbar = &self.crossbar;
         self.ports.iter_mut().enumerate().any(|(i, p)| match p {
-            Some(p) => p.queues.as_io().available() > 0 || crossbar.backlog(i as PortId) > 0,
+            Some(p) => p.queues.available() > 0 || crossbar.backlog(i as PortId) > 0,
             None => false,
         })
     }
@@ -555,7 +544,7 @@ impl Engine {
         }
         for (i, port) in self.ports.iter_mut().enumerate() {
             let Some(port) = port else { continue };
-            let q = port.queues.as_io();
+            let q = &mut port.queues;
             ready |= matches!(q.poll_available(cx), Poll::Ready(true));
             if self.crossbar.backlog(i as PortId) > 0 {
                 ready |= matches!(q.poll_ready(cx), Poll::Ready(_));
