@@ -13,7 +13,7 @@ use uniplane::{Locator, Message, Stack, Uid};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let stack = uniplane::stacks::mem::MemStack::new();
+    let stack = uniplane::stacks::inproc::InProcessStack::new();
     let server_uid = Uid::new(Ipv4Addr::LOCALHOST, 1);
     let client_uid = Uid::new(Ipv4Addr::LOCALHOST, 2);
     let name: Locator = "mem:echo".parse()?;

@@ -62,6 +62,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
+cargo clippy -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl --all-targets -- -D warnings
+cargo test -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl
 echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings

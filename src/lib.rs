@@ -21,7 +21,7 @@ pub use uniplane_client as client;
 
 /// The transports.
 pub mod stacks {
-    pub use uniplane_stacks::{by_name, mem, STACK_NAMES};
+    pub use uniplane_stacks::{by_name, inproc, STACK_NAMES};
 }
 
 /// The README's examples, compiled and run as doc tests so they stay true.

@@ -32,6 +32,7 @@ pub mod fabric;
 pub mod gen;
 pub mod hist;
 pub mod pacer;
+pub mod path;
 pub mod peer;
 pub mod plot;
 pub mod report;

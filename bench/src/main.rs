@@ -60,6 +60,31 @@ enum Command {
     Overhead(OverheadArgs),
     /// Three applications share a shaped interface; fair, then weighted (DUA Fig. 11(b)).
     Share(ShareArgs),
+    /// The whole path through a uniplaned started here: application →
+    /// plane → echo → application, and one way between two applications.
+    Path(PathArgs),
+}
+
+#[derive(Args)]
+struct PathArgs {
+    /// Payload bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64")]
+    size: usize,
+    /// Seconds, split between the round-trip and one-way phases.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// The daemon's forwarding plane: engine or rtl (a daemon built with --features rtl).
+    #[arg(long, default_value = "engine", value_parser = ["engine", "rtl"])]
+    plane: String,
+    /// busy: the application and the engine poll; park: they sleep when idle.
+    #[arg(long, default_value = "busy", value_parser = ["busy", "park"])]
+    wait: String,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
+    /// Round trips of `uniplane ping self` run beside (0: none).
+    #[arg(long, default_value_t = 2000)]
+    ping_count: u64,
 }
 
 #[derive(Args)]
@@ -1008,6 +1033,48 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("share", params, r.results))
 }
 
+fn path(cli: &Cli, a: &PathArgs) -> Result<(), BenchError> {
+    use uniplane_bench::path::{run_path, PathConfig, PlaneKind, WaitMode};
+    let cfg = PathConfig {
+        size: a.size,
+        seconds: a.seconds,
+        plane: if a.plane == "rtl" {
+            PlaneKind::Rtl
+        } else {
+            PlaneKind::Engine
+        },
+        wait: if a.wait == "park" {
+            WaitMode::Park
+        } else {
+            WaitMode::Busy
+        },
+        uniplaned: a.uniplaned.clone(),
+        ping_count: a.ping_count,
+    };
+    let r = run_path(&cfg)?;
+    let ns = |v: &Value| {
+        v.as_f64()
+            .map_or("-".to_string(), |x| format!("{:.2}", x / 1000.0))
+    };
+    println!(
+        "path {} B, plane {}, wait {}: rtt p50 {} µs, p99 {} µs ({} round trips); one way {:.2} M msgs/s",
+        a.size,
+        a.plane,
+        a.wait,
+        ns(&r["rtt_ns"]["p50"]),
+        ns(&r["rtt_ns"]["p99"]),
+        r["round_trips"],
+        r["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+    );
+    println!(
+        "  beside it, uniplane ping self: p50 {} µs, p99 {} µs",
+        ns(&r["ping_rtt_ns"]["p50"]),
+        ns(&r["ping_rtt_ns"]["p99"]),
+    );
+    let params = json!({ "size": a.size, "seconds": a.seconds, "plane": a.plane, "wait": a.wait });
+    emit(cli.json, &Report::new("path", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1020,6 +1087,7 @@ fn main() -> ExitCode {
         Command::Fabric(a) => fabric(&cli, a),
         Command::Overhead(a) => overhead(&cli, a),
         Command::Share(a) => share(&cli, a),
+        Command::Path(a) => path(&cli, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

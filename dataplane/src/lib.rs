@@ -5,8 +5,10 @@
 //! - [`wire`]: the 32-byte DUA header, its field table, request types and
 //!   checked zero-copy views; [`Message`] = header + payload.
 //! - [`codec::MessageCodec`]: framing on byte streams.
-//! - [`Link`] and [`Stack`]: the traits every transport implements; [`mem`]:
-//!   the in-memory link.
+//! - [`Link`] and [`Stack`]: the traits every transport implements;
+//!   [`channel`]: the in-process link over two bounded queues.
+//! - [`batched::BatchedLink`]: the Stream/Sink plumbing of every stack's
+//!   link, over the stack's own batched I/O ([`batched::LinkIo`]).
 //! - [`fault`] and [`pcap`]: link middleware for fault injection and capture.
 //! - [`ring`]: the bounded single-producer single-consumer ring between
 //!   applications, stacks and the engine; [`port`]: [`PortIo`], the
@@ -31,10 +33,18 @@
 
 #![deny(missing_docs)]
 
+pub mod batched;
+pub mod channel;
+#[cfg(feature = "tokio")]
 pub mod codec;
 pub mod fault;
 pub mod link;
-pub mod mem;
+
+/// The old name of [`channel`], kept only while `services/` still says
+/// `mem::{pair, MemLink}`; new code uses [`channel`].
+pub mod mem {
+    pub use crate::channel::{pair, ChannelLink as MemLink};
+}
 mod message;
 pub mod pcap;
 pub mod port;

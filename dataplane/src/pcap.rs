@@ -183,7 +183,7 @@ impl<L: Link, W: Write + Send + Unpin> Link for Capture<L, W> {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem;
+    use crate::channel;
     use bytes::Bytes;
     use futures_util::{SinkExt, StreamExt};
     use std::net::Ipv4Addr;
@@ -194,7 +194,7 @@ mod tests {
 
     #[tokio::test]
     async fn capture_writes_a_pcap_record_per_message_in_both_directions() {
-        let (a, mut b) = mem::pair(8);
+        let (a, mut b) = channel::pair(8);
         let mut cap = Capture::new(a, PcapWriter::new(Vec::new()).unwrap());
         let src = Uid::new(Ipv4Addr::new(10, 0, 0, 7), 3);
         let dst = Uid::new(Ipv4Addr::new(10, 0, 0, 9), 1);

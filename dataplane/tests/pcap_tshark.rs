@@ -5,7 +5,7 @@ use std::process::Command;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use uniplane_dataplane::mem;
+use uniplane_dataplane::channel;
 use uniplane_dataplane::pcap::{Capture, PcapWriter};
 use uniplane_dataplane::{Message, Uid};
 
@@ -28,7 +28,7 @@ async fn tshark_reads_every_captured_message() {
         return;
     }
     let path = std::env::temp_dir().join(format!("uniplane-capture-{}.pcap", std::process::id()));
-    let (a, mut b) = mem::pair(16);
+    let (a, mut b) = channel::pair(16);
     let mut cap = Capture::new(a, PcapWriter::create(&path).unwrap());
     let src: Uid = "10.0.0.7:3".parse().unwrap();
     let dst: Uid = "10.0.0.9:1".parse().unwrap();

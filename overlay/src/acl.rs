@@ -84,6 +84,21 @@ impl TypeSet {
         let c = t.to_u8() as usize;
         self.0[c / 64] & (1 << (c % 64)) != 0
     }
+
+    /// This set and the raw type code `code` (assigned to a type or not):
+    /// for planes that hold the set as one bit per code.
+    pub const fn with_code(mut self, code: u8) -> TypeSet {
+        let c = code as usize;
+        self.0[c / 64] |= 1 << (c % 64);
+        self
+    }
+
+    /// Whether the raw type code `code` is in the set.
+    #[inline]
+    pub const fn contains_code(&self, code: u8) -> bool {
+        let c = code as usize;
+        self.0[c / 64] & (1 << (c % 64)) != 0
+    }
 }
 
 /// A connectionless rule: traffic from `src` to `dst` (key/mask patterns)

@@ -96,6 +96,8 @@ impl Source<'_> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    /// `engine` or `rtl`; a top-level key, so before any `[table]`.
+    plane: Option<Spanned<String>>,
     #[serde(default)]
     server: RawServer,
     #[serde(default)]
@@ -379,8 +381,11 @@ pub struct Config {
     pub voq_depth: usize,
     /// Forwarding entries per port.
     pub table_capacity: usize,
-    /// Engine wait mode.
+    /// Engine wait mode (also how the RTL plane's thread waits).
     pub mode: EngineMode,
+    /// The forwarding plane (`plane = "engine" | "rtl"` at the top of the
+    /// file; `uniplaned --plane` overrides it). Default: the engine.
+    pub plane: crate::plane::PlaneKind,
     /// Stacks.
     pub stacks: Vec<StackConfig>,
     /// Devices hosted by the daemon.
@@ -448,6 +453,19 @@ impl Config {
         let peer_listen = parse_addr(&src, raw.server.peer_listen.as_ref(), "server.peer_listen")?
             .unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 7460)));
         let metrics = parse_addr(&src, raw.runtime.metrics.as_ref(), "runtime.metrics")?;
+        let plane = match raw.plane.as_ref() {
+            None => crate::plane::PlaneKind::default(),
+            Some(p) => match p.get_ref().parse() {
+                Ok(kind) => kind,
+                Err(crate::plane::UnknownPlane(other)) => {
+                    return src.invalid(
+                        p.span(),
+                        "plane",
+                        format!("`{other}`: expected \"engine\" or \"rtl\""),
+                    )
+                }
+            },
+        };
         let mode = match raw.engine.mode.as_ref() {
             None => EngineMode::SpinThenPark,
             Some(m) => match m.get_ref().as_str() {
@@ -639,6 +657,7 @@ impl Config {
             voq_depth: raw.engine.voq_depth.unwrap_or(64).max(1),
             table_capacity: raw.engine.table_capacity.unwrap_or(4096).max(1),
             mode,
+            plane,
             stacks,
             devices,
             peers,
@@ -715,6 +734,23 @@ mod tests {
         let c = Config::embedded().unwrap();
         assert!(c.devices.iter().any(|d| d.kind == DeviceKind::Echo));
         assert!(c.stacks.iter().any(|s| s.name == "tcp"));
+    }
+
+    #[test]
+    fn the_plane_is_the_engine_unless_the_file_names_the_rtl() {
+        assert_eq!(
+            Config::embedded().unwrap().plane,
+            crate::plane::PlaneKind::Engine
+        );
+        let c = Config::parse("plane = \"rtl\"\n[server]\nname = \"a\"\n", "c.toml").unwrap();
+        assert_eq!(c.plane, crate::plane::PlaneKind::Rtl);
+        let err = Config::parse("plane = \"fpga\"\n", "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "c.toml:1:9: field `plane`: `fpga`: expected \"engine\" or \"rtl\""
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod devices;
+pub mod plane;
 
 pub use config::Config;
 pub use daemon::{Daemon, DaemonError};
+pub use plane::{open_plane, PlaneKind};

@@ -175,3 +175,66 @@ async fn two_applications_connect_and_detaching_closes_their_connections() {
     assert_eq!(conns.as_array().map(Vec::len), Some(0), "{conns}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The rows of `uniplane plane dump` for the port named `name`.
+fn dump_port<'a>(dump: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    dump["ports"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no port {name} in {dump}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plane_dump_reads_the_connection_back_from_the_plane_and_sees_it_go() {
+    let dir = runtime("dump");
+    let (_daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let app = client.attach("app").await.unwrap();
+    let conn = app
+        .connect(
+            "127.0.0.1:1"
+                .parse::<uniplane_dataplane::Uid>()
+                .unwrap()
+                .port(7),
+        )
+        .await
+        .unwrap();
+    let observer = uniplane_services::client::Client::connect(&dir)
+        .await
+        .unwrap();
+    let dump = observer.request(&Request::PlaneDump).await.unwrap();
+    assert_eq!(dump["plane"], "engine");
+    let want = serde_json::json!({
+        "src": conn.local().uid.to_string(), "src_port": conn.local().port,
+        "dst": "127.0.0.1:1", "dst_port": 7,
+    });
+    for name in ["app", "echo"] {
+        let port = dump_port(&dump, name);
+        let conns = port["connections"].as_array().unwrap();
+        assert!(
+            conns
+                .iter()
+                .any(|c| *c == want || (c["src"] == want["dst"] && c["dst"] == want["src"])),
+            "{name} admits the connection: {port}"
+        );
+        let routes = port["routes"].as_array().unwrap();
+        assert!(
+            routes
+                .iter()
+                .any(|r| r["key"] == conn.local().uid.to_string()),
+            "{name} routes to the app: {port}"
+        );
+    }
+    app.close(conn).await.unwrap();
+    let dump = observer.request(&Request::PlaneDump).await.unwrap();
+    for name in ["app", "echo"] {
+        let port = dump_port(&dump, name);
+        assert_eq!(
+            port["connections"].as_array().map(Vec::len),
+            Some(0),
+            "{name} no longer admits it: {port}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

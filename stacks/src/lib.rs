@@ -1,7 +1,8 @@
 //! uniplane's transports, each behind the [`Stack`](uniplane_dataplane::Stack)
 //! and [`Link`](uniplane_dataplane::Link) traits.
 //!
-//! - [`mem`]: in-process links over bounded lock-free queues.
+//! - [`inproc`]: in-process links over bounded lock-free queues (the stack
+//!   named `mem` in configurations).
 //! - [`udp`]: overlay messages packed into UDP datagrams; unreliable,
 //!   unordered; epoll (`recvmmsg`/`sendmmsg`, GSO/GRO) or io_uring.
 //! - [`tcp`]: overlay messages framed on TCP streams; reliable, ordered.
@@ -25,8 +26,8 @@
 pub mod alloc;
 pub mod datagram;
 pub mod ether;
+pub mod inproc;
 pub mod ltl;
-pub mod mem;
 pub mod tcp;
 pub mod udp;
 
@@ -46,7 +47,7 @@ pub const STACK_NAMES: &[&str] = &[
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {
     match name {
-        "mem" => Some(Arc::new(mem::MemStack::new())),
+        "mem" => Some(Arc::new(inproc::InProcessStack::new())),
         "ltl" => Some(Arc::new(ltl::LtlStack::new())),
         "udp" => Some(Arc::new(udp::UdpStack::new())),
         "tcp" => Some(Arc::new(tcp::TcpStack::new())),

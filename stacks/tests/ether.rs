@@ -12,17 +12,17 @@ use std::sync::Mutex;
 use common::{msg, within};
 use futures_util::{SinkExt, StreamExt};
 use uniplane_dataplane::{LinkError, Locator, Stack};
+use uniplane_frame::cable::{self, CableDevice};
 use uniplane_frame::eth::MacAddr;
-use uniplane_frame::mem::{self, MemDevice};
 use uniplane_stacks::ether::{DeviceOpener, EtherConfig, EtherStack};
 
 /// Hands out memory devices by interface name, once each.
-struct MemOpener(Mutex<HashMap<String, MemDevice>>);
+struct CableOpener(Mutex<HashMap<String, CableDevice>>);
 
-impl DeviceOpener for MemOpener {
-    type Device = MemDevice;
+impl DeviceOpener for CableOpener {
+    type Device = CableDevice;
 
-    fn open(&self, iface: &str, _ethertype: u16) -> io::Result<MemDevice> {
+    fn open(&self, iface: &str, _ethertype: u16) -> io::Result<CableDevice> {
         self.0
             .lock()
             .unwrap()
@@ -31,9 +31,9 @@ impl DeviceOpener for MemOpener {
     }
 }
 
-fn stacks(cfg: EtherConfig, mtu: usize) -> (EtherStack<MemOpener>, EtherStack<MemOpener>) {
-    let (a, b) = mem::pair(MacAddr::local(1), MacAddr::local(2), mtu, 512).unwrap();
-    let opener = |name: &str, d| MemOpener(Mutex::new(HashMap::from([(name.to_owned(), d)])));
+fn stacks(cfg: EtherConfig, mtu: usize) -> (EtherStack<CableOpener>, EtherStack<CableOpener>) {
+    let (a, b) = cable::pair(MacAddr::local(1), MacAddr::local(2), mtu, 512).unwrap();
+    let opener = |name: &str, d| CableOpener(Mutex::new(HashMap::from([(name.to_owned(), d)])));
     let ca = EtherConfig {
         interface: Some("a0".into()),
         ..cfg.clone()

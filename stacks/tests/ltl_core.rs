@@ -13,12 +13,12 @@ use bytes::BytesMut;
 use common::msg;
 use uniplane_stacks::datagram::fault::{DatagramFaults, FaultyPath};
 use uniplane_stacks::ltl::wire::{payload_checksum, Frame, Kind, Repr, SACK_LEN};
-use uniplane_stacks::ltl::{ConnError, ConnId, Endpoint, Event, LtlConfig, Recv, SendError};
+use uniplane_stacks::ltl::{ConnError, ConnId, Event, LtlConfig, LtlEndpoint, Recv, SendError};
 
 /// Two endpoints (addresses 1 and 2) joined by two impaired paths.
 struct Sim {
-    a: Endpoint<u8>,
-    b: Endpoint<u8>,
+    a: LtlEndpoint<u8>,
+    b: LtlEndpoint<u8>,
     ab: FaultyPath,
     ba: FaultyPath,
     now: Instant,
@@ -58,11 +58,11 @@ impl Sim {
     /// A→B impaired as `faults`, B→A as `back`.
     fn with_paths(config: LtlConfig, faults: DatagramFaults, back: DatagramFaults) -> Sim {
         let seed = faults.seed;
-        let mut b = Endpoint::new(config.clone(), seed ^ 0xb);
+        let mut b = LtlEndpoint::new(config.clone(), seed ^ 0xb);
         b.set_listening(true);
         let now = Instant::now();
         Sim {
-            a: Endpoint::new(config, seed ^ 0xa),
+            a: LtlEndpoint::new(config, seed ^ 0xa),
             b,
             ab: FaultyPath::new(faults),
             ba: FaultyPath::new(back),
@@ -321,7 +321,7 @@ fn a_gap_is_repaired_by_nack_before_any_timeout() {
 
 #[test]
 fn garbage_datagrams_are_counted_and_dropped() {
-    let mut e: Endpoint<u8> = Endpoint::new(LtlConfig::default(), 1);
+    let mut e: LtlEndpoint<u8> = LtlEndpoint::new(LtlConfig::default(), 1);
     let now = Instant::now();
     e.handle_datagram(9, b"hello", now);
     e.handle_datagram(9, &[0u8; 32], now);
@@ -429,7 +429,7 @@ fn a_dead_peer_fails_an_idle_connection_through_keepalives() {
 #[test]
 fn connecting_to_nobody_fails_and_a_full_table_refuses() {
     let mut sim = Sim::new(LtlConfig::default(), DatagramFaults::new(6));
-    sim.b = Endpoint::new(
+    sim.b = LtlEndpoint::new(
         LtlConfig {
             max_connections: 1,
             ..LtlConfig::default()
@@ -573,7 +573,7 @@ fn a_lost_retransmission_is_sent_again_before_any_timeout() {
 fn a_gap_is_resent_on_the_first_nack_even_when_the_rtt_estimate_is_stale() {
     // The handshake took 50 ms, so the smoothed RTT says 50 ms; the path
     // is fast now. The NACK must not wait for the estimate.
-    let mut a: Endpoint<u8> = Endpoint::new(LtlConfig::default(), 1);
+    let mut a: LtlEndpoint<u8> = LtlEndpoint::new(LtlConfig::default(), 1);
     let t0 = Instant::now();
     let ca = a.connect(2, t0).unwrap();
     let mut out = BytesMut::new();
@@ -623,7 +623,7 @@ fn a_gap_is_resent_on_the_first_nack_even_when_the_rtt_estimate_is_stale() {
 #[test]
 fn a_gap_that_stays_open_is_nacked_again_once_per_round_trip() {
     let config = LtlConfig::default();
-    let mut b: Endpoint<u8> = Endpoint::new(config.clone(), 2);
+    let mut b: LtlEndpoint<u8> = LtlEndpoint::new(config.clone(), 2);
     b.set_listening(true);
     let t0 = Instant::now();
     let (a_id, a_isn) = (7, 1000);
@@ -644,7 +644,7 @@ fn a_gap_that_stays_open_is_nacked_again_once_per_round_trip() {
     for seq in [a_isn, a_isn + 2, a_isn + 3] {
         b.handle_datagram(1, &data(seq), now);
     }
-    let nacks = |b: &mut Endpoint<u8>, now: Instant| {
+    let nacks = |b: &mut LtlEndpoint<u8>, now: Instant| {
         let mut seen = Vec::new();
         let mut out = BytesMut::new();
         while b.poll_transmit(now, &mut out).is_some() {

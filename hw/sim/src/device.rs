@@ -220,6 +220,25 @@ impl RtlDevice {
         self.inputs[kind_index(kind)][i].beats.len()
     }
 
+    /// Drops what is queued on input `i` of `kind` and has not begun to
+    /// enter, keeping the rest of a message already partly presented or
+    /// accepted (a message is never cut). Returns the beats dropped.
+    pub fn discard_queued(&mut self, kind: Stream, i: usize) -> usize {
+        let q = &mut self.inputs[kind_index(kind)][i];
+        let started = q.presenting || q.beats.front().is_some_and(|b| !b.first);
+        let keep = if started {
+            q.beats
+                .iter()
+                .position(|b| b.last)
+                .map_or(q.beats.len(), |e| e + 1)
+        } else {
+            0
+        };
+        let dropped = q.beats.len() - keep;
+        q.beats.truncate(keep);
+        dropped
+    }
+
     /// Whether every input has sent everything queued.
     pub fn inputs_drained(&self) -> bool {
         self.inputs.iter().flatten().all(|q| q.beats.is_empty())

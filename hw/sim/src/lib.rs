@@ -9,6 +9,10 @@
 //!   register port, and implements [`uniplane_overlay::ForwardingPlane`]
 //!   over the register map, so the host programs the RTL exactly as it
 //!   programs the software engine.
+//! - [`RtlPlane`] runs the device as a forwarding plane: each attached
+//!   port bridged to rings, control batches served every pass, on a
+//!   thread of its own behind an [`RtlPlaneHandle`] (what the host daemon
+//!   holds with `--plane rtl`).
 //! - [`regs`] is the register map and the discovery of its
 //!   self-describing blocks.
 //!
@@ -21,8 +25,10 @@ mod device;
 mod ffi;
 mod plane;
 pub mod regs;
+mod runtime;
 mod sim;
 
 pub use device::{beats_of, Accepted, BusError, Delivered, RtlDevice, Traffic};
 pub use plane::{UnderlayCounters, UnderlayError};
+pub use runtime::{RtlPlane, RtlPlaneConfig, RtlPlaneHandle, FEED_BEATS};
 pub use sim::{AxilIn, AxilOut, Beat, Model, Sim, Stream};

@@ -7,12 +7,20 @@
 //! priorities and tie-breaks and writes the entries in that order), the
 //! connection set and the translator are fixed slot arrays, and a rule's
 //! type set is spread over one bitmap word per request type.
+//!
+//! The shadow decides where to write; [`ForwardingPlane::dump`] and
+//! [`ForwardingPlane::translations`] read what the RTL holds back through
+//! the register map. What the registers do not hold comes from the shadow,
+//! and says so where it is used: a route's priority number (the RTL keeps
+//! only the order), the port of a route or default that names a detached
+//! port (written as "no port", so it misses as in the engine), and the
+//! original class numbers of a strict-priority policy (the RTL keeps
+//! their ranks).
 
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::{Policy, Scheduler};
-use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::Uid;
-use uniplane_overlay::acl::{AclRule, ConnKey};
+use uniplane_overlay::acl::{AclRule, ConnKey, TypeSet};
 use uniplane_overlay::table::{Route, TableError};
 use uniplane_overlay::{ForwardingPlane, PlaneError, PortCounters, PortDump, PortId, PortSpec};
 use uniplane_underlay::{DemuxRule, FilterRules, UidMatch};
@@ -137,12 +145,19 @@ impl TableShadow {
 pub(crate) struct Shadow {
     ports: usize,
     tables: Vec<TableShadow>,
-    routes_written: Vec<Vec<Option<(u64, u64, PortId)>>>,
+    /// What each entry slot holds: key, mask, the port code written.
+    routes_written: Vec<Vec<Option<(u64, u64, u32)>>>,
     conns: Vec<Vec<Option<ConnKey>>>,
     rules: Vec<Vec<AclRule>>,
     rule_capacity: usize,
     types_written: Vec<Vec<u32>>,
     translations: Vec<Option<(ConnKey, PortId)>>,
+    /// Default route per port, as asked (the RTL holds "no port" for a
+    /// detached one).
+    defaults: Vec<Option<PortId>>,
+    /// Ports whose output is in service; routes to the others are
+    /// written as "no port", so they answer as misses.
+    live: Vec<bool>,
 }
 
 impl Shadow {
@@ -157,6 +172,8 @@ impl Shadow {
             ports,
             tables: (0..ports).map(|_| TableShadow::new(entries)).collect(),
             routes_written: vec![vec![None; entries]; ports],
+            defaults: vec![None; ports],
+            live: vec![true; ports],
             conns: vec![vec![None; conns]; ports],
             rules: vec![Vec::new(); ports],
             rule_capacity: rules,
@@ -172,11 +189,15 @@ fn bus(e: BusError) -> PlaneError {
     PlaneError::EngineGone
 }
 
-fn port_or_miss(p: PortId, ports: usize) -> u32 {
-    if (p as usize) < ports {
-        u32::from(p)
-    } else {
-        NO_PORT
+impl Shadow {
+    /// The port code the RTL gets for output `p`: "no port" for one that
+    /// does not exist or is detached.
+    fn code(&self, p: PortId) -> u32 {
+        if (p as usize) < self.ports && self.live[p as usize] {
+            u32::from(p)
+        } else {
+            NO_PORT
+        }
     }
 }
 
@@ -254,8 +275,11 @@ impl RtlDevice {
 
     fn sync_routes(&mut self, p: PortId) -> Result<(), PlaneError> {
         let base = self.port_base(p)?;
-        let image = self.shadow.tables[p as usize].image();
-        let ports = self.shadow.ports;
+        let image: Vec<(u64, u64, u32)> = self.shadow.tables[p as usize]
+            .image()
+            .into_iter()
+            .map(|(k, m, out)| (k, m, self.shadow.code(out)))
+            .collect();
         let slots = self.shadow.routes_written[p as usize].len();
         for e in 0..slots {
             let want = image.get(e).copied();
@@ -272,7 +296,7 @@ impl RtlDevice {
                 self.w(at, key as u32)?;
                 self.w(at + 8, mask as u32)?;
                 self.w(at + 12, (mask >> 32) as u32)?;
-                let word1 = 1 << 31 | port_or_miss(out, ports) << 16 | (key >> 32) as u32;
+                let word1 = 1 << 31 | out << 16 | (key >> 32) as u32;
                 self.w(at + 4, word1)?;
             }
             self.shadow.routes_written[p as usize][e] = want;
@@ -335,11 +359,9 @@ impl RtlDevice {
         }
         for code in 0..=255u8 {
             let mut bits = 0u32;
-            if let Some(t) = ReqType::from_u8(code) {
-                for (r, rule) in rules.iter().enumerate() {
-                    if rule.types.contains(t) {
-                        bits |= 1 << r;
-                    }
+            for (r, rule) in rules.iter().enumerate() {
+                if rule.types.contains_code(code) {
+                    bits |= 1 << r;
                 }
             }
             if self.shadow.types_written[p as usize][code as usize] != bits {
@@ -565,37 +587,39 @@ impl ForwardingPlane for RtlDevice {
         })
     }
 
+    /// Reads `p`'s tables back through the register map (see the module
+    /// documentation for the few fields that come from the shadow). The
+    /// bare device keeps no port names or kinds: `name` is `rtl<p>`.
     fn dump(&mut self, p: PortId) -> Result<PortDump, PlaneError> {
         let counters = self.counters(p)?;
-        let i = p as usize;
         Ok(PortDump {
             port: p,
             name: format!("rtl{p}"),
             kind: None,
-            routes: self.shadow.tables[i]
-                .groups
-                .iter()
-                .flat_map(|g| {
-                    g.entries.iter().filter_map(move |(key, priority, port)| {
-                        Some(Route {
-                            key: Uid::from_u64(*key)?,
-                            mask: g.mask,
-                            priority: *priority,
-                            port: *port,
-                        })
-                    })
-                })
-                .collect(),
-            default_route: None,
-            connections: self.shadow.conns[i].iter().flatten().copied().collect(),
-            rules: self.shadow.rules[i].clone(),
-            policy: None,
+            routes: self.read_routes(p)?,
+            default_route: self.read_default(p)?,
+            connections: self.read_connections(p)?,
+            rules: self.read_rules(p)?,
+            policy: Some(self.read_policy(p)?),
             counters,
         })
     }
 
     fn translations(&mut self) -> Result<Vec<(ConnKey, PortId)>, PlaneError> {
-        Ok(self.shadow.translations.iter().flatten().copied().collect())
+        let base = self.translator_base();
+        let valid = self.r(base + translator::VALID)?;
+        let mut out = Vec::new();
+        for t in 0..self.shadow.translations.len().min(32) {
+            if valid >> t & 1 == 0 {
+                continue;
+            }
+            let at = base + translator::ENTRY + 32 * t as u32;
+            let conn = self.read_conn(at)?;
+            let port = self.r(at + 16)? & 0xff;
+            out.push((conn, port as PortId));
+        }
+        out.sort_by_key(|(c, _)| (c.src.to_u64(), c.src_port, c.dst.to_u64(), c.dst_port));
+        Ok(out)
     }
 
     fn add_route(&mut self, port: PortId, route: Route) -> Result<(), PlaneError> {
@@ -611,13 +635,9 @@ impl ForwardingPlane for RtlDevice {
     }
 
     fn set_default_route(&mut self, port: PortId, out: Option<PortId>) -> Result<(), PlaneError> {
-        let base = self.port_base(port)?;
-        let ports = self.shadow.ports;
-        let word = match out {
-            Some(o) => 1 << 31 | port_or_miss(o, ports),
-            None => 0,
-        };
-        self.w(base + port::DEFAULT_ROUTE, word)
+        self.port_base(port)?;
+        self.shadow.defaults[port as usize] = out;
+        self.sync_default(port)
     }
 
     fn allow_connection(&mut self, port: PortId, conn: ConnKey) -> Result<(), PlaneError> {
@@ -741,5 +761,236 @@ impl RtlDevice {
             .enumerate()
             .filter(|(_, s)| s.is_some())
             .fold(0u32, |a, (i, _)| a | 1 << i)
+    }
+}
+
+/// A UID from a register pair's low 48 bits (always a valid UID).
+fn uid_of(v: u64) -> Uid {
+    Uid::from_u64(v & Uid::MASK).unwrap_or(Uid::from_bytes([0; 6]))
+}
+
+impl RtlDevice {
+    fn r(&mut self, addr: u32) -> Result<u32, PlaneError> {
+        self.read(addr).map_err(bus)
+    }
+
+    fn r64(&mut self, addr: u32) -> Result<u64, PlaneError> {
+        let lo = self.r(addr)?;
+        let hi = self.r(addr + 4)?;
+        Ok(u64::from(hi) << 32 | u64::from(lo))
+    }
+
+    /// Writes `p`'s default route from the shadow (a detached output is
+    /// written as "no port").
+    fn sync_default(&mut self, p: PortId) -> Result<(), PlaneError> {
+        let base = self.port_base(p)?;
+        let word = match self.shadow.defaults[p as usize] {
+            Some(o) => 1 << 31 | self.shadow.code(o),
+            None => 0,
+        };
+        self.w(base + port::DEFAULT_ROUTE, word)
+    }
+
+    /// Puts output `p` in service (`live`) or out of it: every route and
+    /// default naming `p` is rewritten, so messages to a detached port
+    /// are answered NO_ROUTE, as the engine answers them.
+    pub(crate) fn set_port_live(&mut self, p: PortId, live: bool) -> Result<(), PlaneError> {
+        self.port_base(p)?;
+        if self.shadow.live[p as usize] == live {
+            return Ok(());
+        }
+        self.shadow.live[p as usize] = live;
+        for q in 0..self.shadow.ports as PortId {
+            self.sync_routes(q)?;
+            if self.shadow.defaults[q as usize] == Some(p) {
+                self.sync_default(q)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties port `p`'s tables as a detached engine port loses them:
+    /// forwarding entries, default route, connections, rules, the
+    /// translator entries that lead to it, and its output policy (back to
+    /// round-robin).
+    pub(crate) fn clear_port(&mut self, p: PortId) -> Result<(), PlaneError> {
+        self.port_base(p)?;
+        let i = p as usize;
+        let capacity = self.shadow.tables[i].capacity;
+        self.shadow.tables[i] = TableShadow::new(capacity);
+        self.sync_routes(p)?;
+        self.shadow.defaults[i] = None;
+        self.sync_default(p)?;
+        self.shadow.conns[i].iter_mut().for_each(|c| *c = None);
+        self.sync_conn_valid(p)?;
+        self.shadow.rules[i].clear();
+        self.sync_rules(p)?;
+        let to_p: Vec<ConnKey> = self
+            .shadow
+            .translations
+            .iter()
+            .flatten()
+            .filter(|(_, out)| *out == p)
+            .map(|(c, _)| *c)
+            .collect();
+        for c in to_p {
+            self.remove_translation(c)?;
+        }
+        self.set_policy(p, Policy::RoundRobin)
+    }
+
+    fn read_conn(&mut self, at: u32) -> Result<ConnKey, PlaneError> {
+        let src_lo = self.r(at)?;
+        let src_hi = self.r(at + 4)?;
+        let dst_lo = self.r(at + 8)?;
+        let dst_hi = self.r(at + 12)?;
+        Ok(ConnKey {
+            src: uid_of(u64::from(src_hi & 0xffff) << 32 | u64::from(src_lo)),
+            src_port: (src_hi >> 16) as u16,
+            dst: uid_of(u64::from(dst_hi & 0xffff) << 32 | u64::from(dst_lo)),
+            dst_port: (dst_hi >> 16) as u16,
+        })
+    }
+
+    /// The valid forwarding entries, read back, in the order
+    /// `ForwardingTable::routes` lists them. The priority number, and the
+    /// port of an entry written as "no port" (a detached output), come
+    /// from the shadow entry with the same key and mask.
+    fn read_routes(&mut self, p: PortId) -> Result<Vec<Route>, PlaneError> {
+        let base = self.port_base(p)?;
+        let slots = self.shadow.routes_written[p as usize].len();
+        let mut routes = Vec::new();
+        for e in 0..slots {
+            let at = base + port::ROUTE + 16 * e as u32;
+            let word1 = self.r(at + 4)?;
+            if word1 >> 31 == 0 {
+                continue;
+            }
+            let key = u64::from(word1 & 0xffff) << 32 | u64::from(self.r(at)?);
+            let mask = self.r64(at + 8)? & Uid::MASK;
+            let code = word1 >> 16 & 0xff;
+            let shadow = self.shadow.tables[p as usize]
+                .groups
+                .iter()
+                .filter(|g| g.mask == mask)
+                .flat_map(|g| g.entries.iter())
+                .find(|(k, _, _)| *k == key)
+                .map(|&(_, prio, out)| (prio, out));
+            let (priority, shadow_port) = shadow.unwrap_or((0, code as PortId));
+            let port = if code == NO_PORT {
+                shadow_port
+            } else {
+                code as PortId
+            };
+            routes.push(Route {
+                key: uid_of(key),
+                mask,
+                priority,
+                port,
+            });
+        }
+        routes.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(b.mask.count_ones().cmp(&a.mask.count_ones()))
+                .then(a.key.to_u64().cmp(&b.key.to_u64()))
+        });
+        Ok(routes)
+    }
+
+    /// The default route, read back; one written as "no port" (to a
+    /// detached or missing port) reports the port asked for.
+    fn read_default(&mut self, p: PortId) -> Result<Option<PortId>, PlaneError> {
+        let base = self.port_base(p)?;
+        let word = self.r(base + port::DEFAULT_ROUTE)?;
+        if word >> 31 == 0 {
+            return Ok(None);
+        }
+        let code = word & 0xff;
+        Ok(if code == NO_PORT {
+            self.shadow.defaults[p as usize]
+        } else {
+            Some(code as PortId)
+        })
+    }
+
+    /// The admitted connections, read back, one direction of each, in
+    /// `AccessControl::connection_keys`'s order.
+    fn read_connections(&mut self, p: PortId) -> Result<Vec<ConnKey>, PlaneError> {
+        let base = self.port_base(p)?;
+        let valid = self.r(base + port::CONN_VALID)?;
+        let mut all = Vec::new();
+        for c in 0..self.shadow.conns[p as usize].len().min(32) {
+            if valid >> c & 1 == 1 {
+                all.push(self.read_conn(base + port::CONN + 16 * c as u32)?);
+            }
+        }
+        let mut out: Vec<ConnKey> = all
+            .iter()
+            .copied()
+            .filter(|c| {
+                let r = c.reversed();
+                (c.src.to_u64(), c.src_port) <= (r.src.to_u64(), r.src_port) || !all.contains(&r)
+            })
+            .collect();
+        out.sort_by_key(|c| (c.src.to_u64(), c.src_port, c.dst.to_u64(), c.dst_port));
+        out.dedup();
+        Ok(out)
+    }
+
+    /// The rules in force, read back: patterns, masks (48 bits), allow
+    /// bits and type sets from the per-code bitmap words.
+    fn read_rules(&mut self, p: PortId) -> Result<Vec<AclRule>, PlaneError> {
+        let base = self.port_base(p)?;
+        let count = (self.r(base + port::RULE_COUNT)? as usize).min(32);
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let allow = self.r(base + port::RULE_ALLOW)?;
+        let mut rules = Vec::with_capacity(count);
+        for r in 0..count {
+            let at = base + port::RULE + 32 * r as u32;
+            rules.push(AclRule {
+                src: uid_of(self.r64(at)?),
+                src_mask: self.r64(at + 8)? & Uid::MASK,
+                dst: uid_of(self.r64(at + 16)?),
+                dst_mask: self.r64(at + 24)? & Uid::MASK,
+                types: TypeSet::EMPTY,
+                allow: allow >> r & 1 == 1,
+            });
+        }
+        for code in 0..=255u8 {
+            let bits = self.r(base + port::TYPES + 4 * u32::from(code))?;
+            for (r, rule) in rules.iter_mut().enumerate() {
+                if bits >> r & 1 == 1 {
+                    rule.types = rule.types.with_code(code);
+                }
+            }
+        }
+        Ok(rules)
+    }
+
+    /// Output `p`'s policy, read back from its shadow registers (which
+    /// the commit put in force): round-robin, weighted, or strict
+    /// priority when the classes differ. The RTL holds class ranks
+    /// (0, 1, …), not the numbers given; a strict-priority policy whose
+    /// classes are all equal reads back as the weighted policy it acts as.
+    fn read_policy(&mut self, p: PortId) -> Result<Policy, PlaneError> {
+        let base = self.port_base(p)?;
+        if self.r(base + port::POLICY)? & 1 == 0 {
+            return Ok(Policy::RoundRobin);
+        }
+        let n = self.shadow.ports;
+        let mut weights = Vec::with_capacity(n);
+        let mut class = Vec::with_capacity(n);
+        for q in 0..n as u32 {
+            weights.push(self.r(base + port::WEIGHT + 4 * q)?);
+            class.push(self.r(base + port::CLASS + 4 * q)? as u8);
+        }
+        Ok(if class.iter().all(|c| *c == class[0]) {
+            Policy::Weighted(weights)
+        } else {
+            Policy::StrictPriority { class, weights }
+        })
     }
 }

@@ -101,6 +101,9 @@ pub enum Request {
         #[serde(default)]
         set: Option<String>,
     },
+    /// Every table and counter of every port the daemon owns, read back
+    /// from the forwarding plane (never from the daemon's own copy).
+    PlaneDump,
     /// Registers the calling process as a resource; the answer gives its
     /// UID and how to reach its data path.
     Attach {

@@ -204,6 +204,9 @@ async fn data_path<L: Link>(mut link: L, mut out: mpsc::Receiver<Message>, d: Ar
                 };
                 if let Some(st) = dispatch(&d, m, &mut outbound) {
                     stalled = Some(st);
+                    // Go round once more so the permit future is polled
+                    // and registers this task: otherwise nothing wakes it.
+                    progress = true;
                     break;
                 }
                 progress = true;

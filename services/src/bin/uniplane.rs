@@ -43,6 +43,11 @@ enum Command {
     Stats,
     /// Prometheus text of every metric.
     Metrics,
+    /// The forwarding plane (software engine or RTL), read back.
+    Plane {
+        #[command(subcommand)]
+        what: PlaneCommand,
+    },
     /// Shows or sets a device port's scheduling policy.
     Policy {
         /// Device number.
@@ -99,6 +104,13 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum PlaneCommand {
+    /// Every port's forwarding entries, connections, access rules, policy
+    /// and counters, and the translator, as the plane holds them.
+    Dump,
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -125,6 +137,17 @@ async fn run(args: &Args) -> Result<(), ClientError> {
         Command::Connections => Request::Connections,
         Command::Tables { device } => Request::Tables { device: *device },
         Command::Stats => Request::Stats,
+        Command::Plane {
+            what: PlaneCommand::Dump,
+        } => {
+            let v = client.request(&Request::PlaneDump).await?;
+            if args.json {
+                println!("{v}");
+            } else {
+                print_plane_dump(&v);
+            }
+            return Ok(());
+        }
         Command::Metrics => {
             let v = client.request(&Request::Metrics).await?;
             if args.json {
@@ -170,6 +193,86 @@ async fn run(args: &Args) -> Result<(), ClientError> {
     let v = client.request(&req).await?;
     print(args.json, &v);
     Ok(())
+}
+
+/// The plane's tables, a block per port.
+fn print_plane_dump(v: &Value) {
+    println!("plane: {}", v["plane"].as_str().unwrap_or("?"));
+    let conn = |c: &Value| {
+        format!(
+            "{}/{} <-> {}/{}",
+            c["src"].as_str().unwrap_or("?"),
+            c["src_port"],
+            c["dst"].as_str().unwrap_or("?"),
+            c["dst_port"]
+        )
+    };
+    for p in v["ports"].as_array().into_iter().flatten() {
+        println!(
+            "\nport {} ({}){}",
+            p["port"],
+            p["name"].as_str().unwrap_or(""),
+            p["kind"]
+                .as_str()
+                .map(|k| format!(" {k}"))
+                .unwrap_or_default()
+        );
+        if let Some(e) = p["error"].as_str() {
+            println!("  error: {e}");
+            continue;
+        }
+        for r in p["routes"].as_array().into_iter().flatten() {
+            println!(
+                "  route  {} mask {} prio {} -> port {}",
+                r["key"].as_str().unwrap_or("?"),
+                r["mask"].as_str().unwrap_or("?"),
+                r["priority"],
+                r["port"]
+            );
+        }
+        if !p["default_route"].is_null() {
+            println!("  route  default -> port {}", p["default_route"]);
+        }
+        for c in p["connections"].as_array().into_iter().flatten() {
+            println!("  allow  {}", conn(c));
+        }
+        for r in p["rules"].as_array().into_iter().flatten() {
+            let types: Vec<&str> = r["types"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            println!(
+                "  rule   {} {}/{} -> {}/{} types {}",
+                if r["allow"].as_bool() == Some(true) {
+                    "allow"
+                } else {
+                    "deny "
+                },
+                r["src"].as_str().unwrap_or("?"),
+                r["src_mask"].as_str().unwrap_or("?"),
+                r["dst"].as_str().unwrap_or("?"),
+                r["dst_mask"].as_str().unwrap_or("?"),
+                types.join(",")
+            );
+        }
+        if let Some(pol) = p["policy"].as_str() {
+            println!("  policy {pol}");
+        }
+        let c = &p["counters"];
+        println!(
+            "  counters rx {} msgs, tx {} msgs, denied {}, no route {}, stalls {}",
+            c["rx_msgs"], c["tx_msgs"], c["acl_denied"], c["no_route"], c["input_stalls"]
+        );
+    }
+    let t = v["translations"].as_array();
+    if t.is_some_and(|t| !t.is_empty()) {
+        println!("\ntranslator");
+        for e in t.into_iter().flatten() {
+            println!("  {} -> port {}", conn(&e["conn"]), e["port"]);
+        }
+    }
 }
 
 fn hex(b: &[u8]) -> String {

@@ -2,13 +2,15 @@
 //!
 //! With no arguments it runs on its embedded default configuration (one
 //! server, loopback stacks, an echo device); `--config FILE` runs a real
-//! deployment. Logs go to stderr (`RUST_LOG` filters them).
+//! deployment. `--plane engine|rtl` picks the forwarding plane (the
+//! file's `plane = ` otherwise; the engine by default). Logs go to stderr
+//! (`RUST_LOG` filters them).
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use uniplane_services::config::{Config, DEFAULT_CONFIG};
-use uniplane_services::Daemon;
+use uniplane_services::{open_plane, Daemon, PlaneKind};
 
 /// The uniplane host daemon.
 #[derive(Parser)]
@@ -17,12 +19,41 @@ struct Args {
     /// Configuration file (TOML); without it the embedded default is used.
     #[arg(long, short)]
     config: Option<PathBuf>,
+    /// Forwarding plane: `engine` (software) or `rtl` (the simulated RTL,
+    /// in a build with `--features rtl`); overrides the file's `plane`.
+    #[arg(long, value_parser = parse_plane)]
+    plane: Option<PlaneKind>,
     /// Validate the configuration and exit.
     #[arg(long)]
     check: bool,
     /// Print the embedded default configuration and exit.
     #[arg(long)]
     print_default_config: bool,
+}
+
+fn parse_plane(s: &str) -> Result<PlaneKind, String> {
+    s.parse()
+        .map_err(|e: uniplane_services::plane::UnknownPlane| e.to_string())
+}
+
+/// Starts the daemon on the plane of `kind`: the one place where the
+/// plane meets the daemon. The engine is still built by `Daemon::start`;
+/// the RTL plane opens (so a build without it, or without Verilator's
+/// model, says so) but the daemon cannot take a plane from outside until
+/// `Daemon::start_with_plane(config, plane)` exists, which will replace
+/// this match with `Daemon::start_with_plane(config, open_plane(kind, &config)?)`.
+async fn start(config: Config, kind: PlaneKind) -> Result<Daemon, String> {
+    match kind {
+        PlaneKind::Engine => Daemon::start(config).await.map_err(|e| e.to_string()),
+        PlaneKind::Rtl => {
+            let _plane = open_plane(kind, &config)?;
+            Err(
+                "the RTL plane opened, but this daemon cannot run on it yet \
+                 (it needs Daemon::start_with_plane); use --plane engine"
+                    .to_owned(),
+            )
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,17 +76,21 @@ fn main() -> std::process::ExitCode {
         Some(path) => Config::load(path),
         None => Config::embedded(),
     };
-    let config = match config {
+    let mut config = match config {
         Ok(c) => c,
         Err(e) => {
             eprintln!("uniplaned: {e}");
             return std::process::ExitCode::from(2);
         }
     };
+    if let Some(plane) = args.plane {
+        config.plane = plane;
+    }
     if args.check {
         println!(
-            "configuration is valid: server {}, {} stacks, {} devices, {} peers",
+            "configuration is valid: server {}, {} plane, {} stacks, {} devices, {} peers",
             config.server,
+            config.plane,
             config.stacks.len(),
             config.devices.len(),
             config.peers.len()
@@ -74,7 +109,8 @@ fn main() -> std::process::ExitCode {
         }
     };
     runtime.block_on(async move {
-        let daemon = match Daemon::start(config).await {
+        let kind = config.plane;
+        let daemon = match start(config, kind).await {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("uniplaned: {e}");

@@ -16,7 +16,7 @@
 //!   classic-BPF filter;
 //! - [`tap`]: a TAP device (one system call per frame: the tun driver has
 //!   no batch interface);
-//! - [`mem`]: two devices joined in memory, for tests without privileges;
+//! - [`cable`]: two devices joined in memory, for tests without privileges;
 //! - DPDK lives in the `uniplane-dpdk` crate behind its `dpdk` feature.
 //!
 //! [`AsyncDevice`] adds readiness for async tasks; [`eth`] is the checked
@@ -25,8 +25,8 @@
 #![deny(missing_docs)]
 
 mod async_device;
+pub mod cable;
 pub mod eth;
-pub mod mem;
 pub mod packet;
 mod sys;
 pub mod tap;

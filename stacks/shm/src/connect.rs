@@ -15,7 +15,7 @@
 //! A slow connection therefore only blocks itself and never holds more
 //! than its grant.
 //!
-//! [`ConnectEndpoint`] is the protocol, sans-IO: it says which header to
+//! [`ConnectProtocol`] is the protocol, sans-IO: it says which header to
 //! put on a frame and what to do with an arriving one. [`ConnectPort`]
 //! runs it over a pair of [rings](crate::ring) standing for the two
 //! devices' receive windows (written here by the CPU, as PIO; a DMA engine
@@ -126,7 +126,7 @@ impl FrameHeader {
 /// Sizes of the protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectConfig {
-    /// Connections per endpoint (ids `0..max_connections`).
+    /// Connections per device (ids `0..max_connections`).
     pub max_connections: u16,
     /// Data frames a receiver grants each connection: its queue's bound.
     pub tokens: u32,
@@ -160,7 +160,7 @@ struct Connection {
     peer_requested: bool,
 }
 
-/// Counters of an endpoint.
+/// Counters of a device's FPGA Connect protocol.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnectStats {
     /// Token requests sent (flag or standalone).
@@ -173,7 +173,7 @@ pub struct ConnectStats {
 
 /// One device's end of FPGA Connect: the protocol, without I/O.
 #[derive(Debug)]
-pub struct ConnectEndpoint {
+pub struct ConnectProtocol {
     cfg: ConnectConfig,
     conns: Vec<Connection>,
     outbox: VecDeque<FrameHeader>,
@@ -194,10 +194,10 @@ pub enum Arrival {
     Control,
 }
 
-impl ConnectEndpoint {
-    /// An endpoint with every connection closed.
-    pub fn new(cfg: ConnectConfig) -> ConnectEndpoint {
-        ConnectEndpoint {
+impl ConnectProtocol {
+    /// The protocol with every connection closed.
+    pub fn new(cfg: ConnectConfig) -> ConnectProtocol {
+        ConnectProtocol {
             conns: vec![Connection::default(); cfg.max_connections as usize],
             cfg,
             outbox: VecDeque::new(),
@@ -249,7 +249,7 @@ impl ConnectEndpoint {
 
     /// The header of the next data frame of `len` bytes on `conn`, spending
     /// a token. Without tokens: `NoTokens`, and a token request is queued
-    /// for [`ConnectEndpoint::poll_transmit`] unless one is outstanding.
+    /// for [`ConnectProtocol::poll_transmit`] unless one is outstanding.
     pub fn send(&mut self, conn: u16, len: usize) -> Result<FrameHeader, ConnectError> {
         if len > self.cfg.max_payload {
             return Err(ConnectError::TooLarge(len));
@@ -377,10 +377,10 @@ impl ConnectEndpoint {
 }
 
 /// FPGA Connect between two devices over their receive windows: the
-/// endpoint plus the window this side writes (the peer's) and the one it
+/// protocol plus the window this side writes (the peer's) and the one it
 /// reads (its own), and a queue per connection.
 pub struct ConnectPort {
-    endpoint: ConnectEndpoint,
+    protocol: ConnectProtocol,
     mem: std::sync::Arc<SharedMemory>,
     tx: RingProducer,
     rx: RingConsumer,
@@ -390,7 +390,7 @@ pub struct ConnectPort {
 impl std::fmt::Debug for ConnectPort {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnectPort")
-            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
             .finish_non_exhaustive()
     }
 }
@@ -408,7 +408,7 @@ impl ConnectPort {
             return None;
         }
         Some(ConnectPort {
-            endpoint: ConnectEndpoint::new(cfg),
+            protocol: ConnectProtocol::new(cfg),
             tx: RingProducer::new(peer_window),
             rx: RingConsumer::new(own_window),
             queues: vec![VecDeque::new(); cfg.max_connections as usize],
@@ -417,15 +417,15 @@ impl ConnectPort {
     }
 
     /// The protocol state.
-    pub fn endpoint(&mut self) -> &mut ConnectEndpoint {
-        &mut self.endpoint
+    pub fn protocol(&mut self) -> &mut ConnectProtocol {
+        &mut self.protocol
     }
 
     fn flush_control(&mut self) -> Result<(), ConnectError> {
-        while let Some(h) = self.endpoint.poll_transmit() {
+        while let Some(h) = self.protocol.poll_transmit() {
             if !self.tx.try_push(&self.mem, &[&h.encode()])? {
                 // The window is full: try again on the next call.
-                self.endpoint.outbox.push_front(h);
+                self.protocol.outbox.push_front(h);
                 break;
             }
         }
@@ -437,7 +437,7 @@ impl ConnectPort {
     /// tokens or the peer's window is full now (retry after [`Self::poll`]).
     pub fn send(&mut self, conn: u16, payload: &[u8]) -> Result<bool, ConnectError> {
         self.flush_control()?;
-        let h = match self.endpoint.send(conn, payload.len()) {
+        let h = match self.protocol.send(conn, payload.len()) {
             Ok(h) => h,
             Err(ConnectError::NoTokens(_)) => {
                 self.flush_control()?;
@@ -447,7 +447,7 @@ impl ConnectPort {
         };
         if !self.tx.try_push(&self.mem, &[&h.encode(), payload])? {
             // Give the token back: the frame never left.
-            if let Ok(c) = self.endpoint.conn(conn) {
+            if let Ok(c) = self.protocol.conn(conn) {
                 c.tokens += 1;
                 c.next_seq = c.next_seq.wrapping_sub(1);
                 if h.flags & FLAG_REQ != 0 {
@@ -471,14 +471,14 @@ impl ConnectPort {
             buf.clear();
             self.mem.read_into(r.offset, r.len, &mut buf);
             let Ok(h) = FrameHeader::decode(&buf) else {
-                self.endpoint.stats.refused += 1;
+                self.protocol.stats.refused += 1;
                 continue;
             };
             if h.len as usize != r.len - FRAME_HEADER_BYTES {
-                self.endpoint.stats.refused += 1;
+                self.protocol.stats.refused += 1;
                 continue;
             }
-            if let Ok(Arrival::Data { conn, .. }) = self.endpoint.receive(&h) {
+            if let Ok(Arrival::Data { conn, .. }) = self.protocol.receive(&h) {
                 let payload = buf.split().freeze().slice(FRAME_HEADER_BYTES..);
                 if let Some(q) = self.queues.get_mut(conn as usize) {
                     q.push_back(payload);
@@ -493,7 +493,7 @@ impl ConnectPort {
     /// Takes the next message of `conn`, returning its token to the peer.
     pub fn take(&mut self, conn: u16) -> Option<Bytes> {
         let m = self.queues.get_mut(conn as usize)?.pop_front()?;
-        self.endpoint.consume(conn, 1);
+        self.protocol.consume(conn, 1);
         Some(m)
     }
 }
@@ -535,8 +535,8 @@ mod tests {
 
     #[test]
     fn a_sender_stops_at_its_grant_and_resumes_after_the_ack() {
-        let mut a = ConnectEndpoint::new(cfg(2));
-        let mut b = ConnectEndpoint::new(cfg(2));
+        let mut a = ConnectProtocol::new(cfg(2));
+        let mut b = ConnectProtocol::new(cfg(2));
         a.open(1).unwrap();
         b.open(1).unwrap();
         let h1 = a.send(1, 10).unwrap();
@@ -565,7 +565,7 @@ mod tests {
 
     #[test]
     fn data_beyond_the_grant_is_a_violation_not_queued() {
-        let mut b = ConnectEndpoint::new(cfg(1));
+        let mut b = ConnectProtocol::new(cfg(1));
         b.open(0).unwrap();
         let mut h = FrameHeader {
             conn: 0,
@@ -611,8 +611,8 @@ mod tests {
     fn a_slow_connection_neither_blocks_the_other_nor_grows_past_its_tokens() {
         let (mut a, mut b) = ports(4);
         for p in [&mut a, &mut b] {
-            p.endpoint().open(1).unwrap();
-            p.endpoint().open(2).unwrap();
+            p.protocol().open(1).unwrap();
+            p.protocol().open(2).unwrap();
         }
         let mut fast_got = 0;
         let mut slow_sent = 0;
@@ -633,7 +633,7 @@ mod tests {
         }
         assert_eq!(fast_got, 1000);
         assert_eq!(slow_sent, 4, "the slow connection stopped at its grant");
-        assert_eq!(b.endpoint().queued(1), 4);
+        assert_eq!(b.protocol().queued(1), 4);
         // Once its reader catches up, the slow connection flows again.
         for _ in 0..4 {
             assert!(b.take(1).is_some());
@@ -646,12 +646,12 @@ mod tests {
     #[test]
     fn a_garbage_frame_in_the_window_is_skipped() {
         let (mut a, mut b) = ports(4);
-        a.endpoint().open(0).unwrap();
-        b.endpoint().open(0).unwrap();
+        a.protocol().open(0).unwrap();
+        b.protocol().open(0).unwrap();
         assert!(a.tx.try_push(&a.mem, &[b"garbage!"]).unwrap());
         assert!(a.send(0, b"ok").unwrap());
         b.poll().unwrap();
         assert_eq!(b.take(0).unwrap().as_ref(), b"ok");
-        assert_eq!(b.endpoint().stats().refused, 1);
+        assert_eq!(b.protocol().stats().refused, 1);
     }
 }

@@ -18,14 +18,14 @@ use std::task::{Context, Poll, Waker};
 use atomic_waker::AtomicWaker;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_core::Stream;
-use futures_sink::Sink;
 use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::{tcp, udp};
 use smoltcp::time::{Duration as SmolDuration, Instant as SmolInstant};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 use tokio_util::codec::Decoder;
+use uniplane_dataplane::batched::{BatchedLink, LinkIo};
 use uniplane_dataplane::codec::MessageCodec;
-use uniplane_dataplane::{Link, LinkError, Locator, Message, StackError};
+use uniplane_dataplane::{LinkError, Locator, Message, StackError};
 use uniplane_frame::eth::MacAddr;
 use uniplane_frame::{AsyncDevice, FrameDevice, TxQueue};
 
@@ -275,7 +275,7 @@ impl<D: FrameDevice> Host<D> {
             inner.sockets.add(s)
         };
         self.shared.driver.wake();
-        let link = TcpLink::new(self.shared.add_handle(), handle);
+        let link = tcp_link(self.shared.add_handle(), handle);
         std::future::poll_fn(|cx| {
             let mut g = link.shared.lock();
             match g.sockets.get::<tcp::Socket>(handle).state() {
@@ -352,7 +352,7 @@ impl<D: FrameDevice> Host<D> {
         g.udp.insert(h, q);
         let mtu = g.dev.get_ref().mtu();
         drop(g);
-        Ok(UdpLink::new(self.shared.add_handle(), h, remote, mtu, true))
+        Ok(udp_link(self.shared.add_handle(), h, remote, mtu, true))
     }
 
     /// Accepts UDP links on `port`: the first valid datagram from a new
@@ -583,31 +583,33 @@ impl<D: FrameDevice> Future for Driver<D> {
 /// Bytes of encoded messages a TCP link holds before `poll_ready` waits.
 const TCP_HIGH_WATER: usize = 256 << 10;
 
-/// A TCP connection of a [`Host`] as a [`Link`]: messages framed by their
-/// own header on the byte stream.
-pub struct TcpLink<D: FrameDevice> {
+/// A TCP connection of a [`Host`] as a [`Link`](uniplane_dataplane::Link):
+/// messages framed by their own header on the byte stream. A
+/// [`BatchedLink`] over [`TcpSocketIo`].
+pub type TcpLink<D> = BatchedLink<TcpSocketIo<D>>;
+
+/// The I/O of a [`TcpLink`]: its smoltcp socket, reached under the host's
+/// lock once per batch, and the byte streams on both sides of it.
+pub struct TcpSocketIo<D: FrameDevice> {
     shared: Arc<Shared<D>>,
     handle: SocketHandle,
     read: BytesMut,
-    rx: VecDeque<Message>,
     write: BytesMut,
     codec: MessageCodec,
-    ended: bool,
 }
 
-impl<D: FrameDevice> TcpLink<D> {
-    fn new(shared: Arc<Shared<D>>, handle: SocketHandle) -> Self {
-        TcpLink {
-            shared,
-            handle,
-            read: BytesMut::with_capacity(256 << 10),
-            rx: VecDeque::new(),
-            write: BytesMut::with_capacity(TCP_HIGH_WATER * 2),
-            codec: MessageCodec::new(),
-            ended: false,
-        }
-    }
+fn tcp_link<D: FrameDevice>(shared: Arc<Shared<D>>, handle: SocketHandle) -> TcpLink<D> {
+    let io = TcpSocketIo {
+        shared,
+        handle,
+        read: BytesMut::with_capacity(256 << 10),
+        write: BytesMut::with_capacity(TCP_HIGH_WATER * 2),
+        codec: MessageCodec::new(),
+    };
+    BatchedLink::new(io, 0)
+}
 
+impl<D: FrameDevice> TcpSocketIo<D> {
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         let g = self.shared.lock();
@@ -619,14 +621,26 @@ impl<D: FrameDevice> TcpLink<D> {
             IpAddress::Ipv4(ip) => Some(SocketAddr::from((ip, ep.port))),
         }
     }
+}
 
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, LinkError>> {
-        if !self.rx.is_empty() {
-            return Poll::Ready(Ok(true));
-        }
-        if self.ended {
-            return Poll::Ready(Ok(false));
-        }
+impl<D: FrameDevice> LinkIo for TcpSocketIo<D> {
+    fn max_message(&self) -> usize {
+        usize::MAX
+    }
+
+    fn queue(&mut self, message: Message, _encoded_len: usize) {
+        message.encode(&mut self.write);
+    }
+
+    fn is_full(&self) -> bool {
+        self.write.len() >= TCP_HIGH_WATER
+    }
+
+    fn poll_receive(
+        &mut self,
+        cx: &mut Context<'_>,
+        rx: &mut VecDeque<Message>,
+    ) -> Poll<Result<bool, LinkError>> {
         let mut g = self.shared.lock();
         let s = g.sockets.get_mut::<tcp::Socket>(self.handle);
         let mut read_any = false;
@@ -645,9 +659,9 @@ impl<D: FrameDevice> TcpLink<D> {
         }
         let open = s.may_recv();
         while let Some(m) = self.codec.decode(&mut self.read)? {
-            self.rx.push_back(m);
+            rx.push_back(m);
         }
-        if self.rx.is_empty() && open {
+        if rx.is_empty() && open {
             g.wakers.entry(self.handle).or_default().rx = Some(cx.waker().clone());
         }
         drop(g);
@@ -655,11 +669,10 @@ impl<D: FrameDevice> TcpLink<D> {
             // Reading opened the window: the driver may owe an update.
             self.shared.driver.wake();
         }
-        if !self.rx.is_empty() {
+        if !rx.is_empty() {
             return Poll::Ready(Ok(true));
         }
         if !open {
-            self.ended = true;
             return Poll::Ready(Ok(false));
         }
         Poll::Pending
@@ -689,9 +702,18 @@ impl<D: FrameDevice> TcpLink<D> {
             Poll::Pending
         }
     }
+
+    fn close(&mut self) {
+        self.shared
+            .lock()
+            .sockets
+            .get_mut::<tcp::Socket>(self.handle)
+            .close();
+        self.shared.driver.wake();
+    }
 }
 
-impl<D: FrameDevice> Drop for TcpLink<D> {
+impl<D: FrameDevice> Drop for TcpSocketIo<D> {
     fn drop(&mut self) {
         {
             let mut g = self.shared.lock();
@@ -702,73 +724,6 @@ impl<D: FrameDevice> Drop for TcpLink<D> {
             g.wakers.remove(&self.handle);
         }
         release(&self.shared);
-    }
-}
-
-impl<D: FrameDevice> Stream for TcpLink<D> {
-    type Item = Result<Message, LinkError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        match std::task::ready!(this.poll_fill(cx)) {
-            Ok(true) => Poll::Ready(this.rx.pop_front().map(Ok)),
-            Ok(false) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(e))),
-        }
-    }
-}
-
-impl<D: FrameDevice> Sink<Message> for TcpLink<D> {
-    type Error = LinkError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        if this.write.len() >= TCP_HIGH_WATER {
-            if let Poll::Ready(Err(e)) = this.poll_push(cx) {
-                return Poll::Ready(Err(e));
-            }
-            if this.write.len() >= TCP_HIGH_WATER {
-                return Poll::Pending;
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        item.encode(&mut self.get_mut().write);
-        Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_push(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        std::task::ready!(this.poll_push(cx))?;
-        this.shared
-            .lock()
-            .sockets
-            .get_mut::<tcp::Socket>(this.handle)
-            .close();
-        this.shared.driver.wake();
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<D: FrameDevice> Link for TcpLink<D> {
-    fn poll_recv_batch(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Message>,
-        max: usize,
-    ) -> Poll<Result<usize, LinkError>> {
-        if !std::task::ready!(self.poll_fill(cx))? {
-            return Poll::Ready(Ok(0));
-        }
-        let n = self.rx.len().min(max);
-        out.extend(self.rx.drain(..n));
-        Poll::Ready(Ok(n))
     }
 }
 
@@ -796,7 +751,7 @@ impl<D: FrameDevice> Stream for TcpListener<D> {
         match b.ready.pop_front() {
             Some(h) => {
                 drop(g);
-                Poll::Ready(Some(Ok(TcpLink::new(self.shared.add_handle(), h))))
+                Poll::Ready(Some(Ok(tcp_link(self.shared.add_handle(), h))))
             }
             None => {
                 b.waker = Some(cx.waker().clone());
@@ -827,42 +782,62 @@ impl<D: FrameDevice> Drop for TcpListener<D> {
 /// Messages a UDP link queues before `poll_ready` pushes them.
 const UDP_FLUSH_AT: usize = 64;
 
-/// One peer of a UDP socket of a [`Host`] as a [`Link`]: unreliable,
-/// messages packed into datagrams up to the MTU.
-pub struct UdpLink<D: FrameDevice> {
+/// One peer of a UDP socket of a [`Host`] as a
+/// [`Link`](uniplane_dataplane::Link): unreliable, messages packed into
+/// datagrams up to the MTU; the stream never ends on its own. A
+/// [`BatchedLink`] over [`UdpPeerIo`].
+pub type UdpLink<D> = BatchedLink<UdpPeerIo<D>>;
+
+/// The I/O of a [`UdpLink`]: one peer's queue of a smoltcp UDP socket
+/// (its own, or a listener's it shares), reached under the host's lock
+/// once per batch.
+pub struct UdpPeerIo<D: FrameDevice> {
     shared: Arc<Shared<D>>,
     handle: SocketHandle,
     peer: IpEndpoint,
     max_datagram: usize,
     /// The link owns its socket (it connected); a listener's links share.
     owns_socket: bool,
-    rx: VecDeque<Message>,
     tx: VecDeque<Message>,
 }
 
-impl<D: FrameDevice> UdpLink<D> {
-    fn new(
-        shared: Arc<Shared<D>>,
-        handle: SocketHandle,
-        peer: IpEndpoint,
-        mtu: usize,
-        owns_socket: bool,
-    ) -> Self {
-        UdpLink {
-            shared,
-            handle,
-            peer,
-            max_datagram: mtu - 28,
-            owns_socket,
-            rx: VecDeque::new(),
-            tx: VecDeque::new(),
-        }
+fn udp_link<D: FrameDevice>(
+    shared: Arc<Shared<D>>,
+    handle: SocketHandle,
+    peer: IpEndpoint,
+    mtu: usize,
+    owns_socket: bool,
+) -> UdpLink<D> {
+    let io = UdpPeerIo {
+        shared,
+        handle,
+        peer,
+        max_datagram: mtu - 28,
+        owns_socket,
+        tx: VecDeque::new(),
+    };
+    BatchedLink::new(io, 0)
+}
+
+impl<D: FrameDevice> LinkIo for UdpPeerIo<D> {
+    fn max_message(&self) -> usize {
+        self.max_datagram
     }
 
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.rx.is_empty() {
-            return Poll::Ready(());
-        }
+    fn queue(&mut self, message: Message, _encoded_len: usize) {
+        self.tx.push_back(message);
+    }
+
+    fn is_full(&self) -> bool {
+        self.tx.len() >= UDP_FLUSH_AT
+    }
+
+    /// Takes the peer's queue whole.
+    fn poll_receive(
+        &mut self,
+        cx: &mut Context<'_>,
+        rx: &mut VecDeque<Message>,
+    ) -> Poll<Result<bool, LinkError>> {
         let mut g = self.shared.lock();
         let inner = &mut *g;
         if let Some(q) = inner
@@ -870,15 +845,15 @@ impl<D: FrameDevice> UdpLink<D> {
             .get_mut(&self.handle)
             .and_then(|q| q.peers.get_mut(&self.peer))
         {
-            std::mem::swap(q, &mut self.rx);
+            std::mem::swap(q, rx);
         }
-        if self.rx.is_empty() {
+        if rx.is_empty() {
             inner
                 .udp_wakers
                 .insert((self.handle, self.peer), cx.waker().clone());
             return Poll::Pending;
         }
-        Poll::Ready(())
+        Poll::Ready(Ok(true))
     }
 
     fn poll_push(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
@@ -929,7 +904,7 @@ impl<D: FrameDevice> UdpLink<D> {
     }
 }
 
-impl<D: FrameDevice> Drop for UdpLink<D> {
+impl<D: FrameDevice> Drop for UdpPeerIo<D> {
     fn drop(&mut self) {
         {
             let mut g = self.shared.lock();
@@ -942,68 +917,6 @@ impl<D: FrameDevice> Drop for UdpLink<D> {
             }
         }
         release(&self.shared);
-    }
-}
-
-impl<D: FrameDevice> Stream for UdpLink<D> {
-    type Item = Result<Message, LinkError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        std::task::ready!(this.poll_fill(cx));
-        Poll::Ready(this.rx.pop_front().map(Ok))
-    }
-}
-
-impl<D: FrameDevice> Sink<Message> for UdpLink<D> {
-    type Error = LinkError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        if this.tx.len() >= UDP_FLUSH_AT {
-            if let Poll::Ready(Err(e)) = this.poll_push(cx) {
-                return Poll::Ready(Err(e));
-            }
-            if this.tx.len() >= UDP_FLUSH_AT {
-                return Poll::Pending;
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        let this = self.get_mut();
-        let size = item.encoded_len();
-        if size > this.max_datagram {
-            return Err(LinkError::TooLarge {
-                size,
-                limit: this.max_datagram,
-            });
-        }
-        this.tx.push_back(item);
-        Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_push(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_push(cx)
-    }
-}
-
-impl<D: FrameDevice> Link for UdpLink<D> {
-    fn poll_recv_batch(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Message>,
-        max: usize,
-    ) -> Poll<Result<usize, LinkError>> {
-        std::task::ready!(self.poll_fill(cx));
-        let n = self.rx.len().min(max);
-        out.extend(self.rx.drain(..n));
-        Poll::Ready(Ok(n))
     }
 }
 
@@ -1025,7 +938,7 @@ impl<D: FrameDevice> Stream for UdpListener<D> {
         match q.accept.pop_front() {
             Some(peer) => {
                 drop(g);
-                let link = UdpLink::new(self.shared.add_handle(), self.handle, peer, mtu, false);
+                let link = udp_link(self.shared.add_handle(), self.handle, peer, mtu, false);
                 Poll::Ready(Some(Ok(link)))
             }
             None => {

@@ -30,7 +30,9 @@ use uniplane_dataplane::{
 };
 use uniplane_frame::{packet::ETH_P_ALL, DeviceOpener, PacketOpener};
 
-pub use host::{Host, HostConfig, HostStats, TcpLink, TcpListener, UdpLink, UdpListener};
+pub use host::{
+    Host, HostConfig, HostStats, TcpLink, TcpListener, TcpSocketIo, UdpLink, UdpListener, UdpPeerIo,
+};
 
 /// Which transport links use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

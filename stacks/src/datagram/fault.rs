@@ -1,5 +1,8 @@
-//! Seeded impairments of datagram paths, in the style of
-//! `uniplane_dataplane::fault` but one layer down, on whole datagrams:
+//! Seeded impairments of datagram paths, one layer below
+//! `uniplane_dataplane::fault`, on whole datagrams. Which datagram is lost,
+//! corrupted, stalled, reordered or duplicated is decided by the same
+//! sans-IO [`FaultDecider`] that impairs links; these types only carry the
+//! decisions out on datagrams:
 //!
 //! - [`FaultyPath`]: a simulated path that loses, duplicates, reorders,
 //!   corrupts and delays datagrams on a clock the caller drives, for
@@ -32,7 +35,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use uniplane_dataplane::SplitMix64;
+use uniplane_dataplane::fault::{flip_bit, probability, FaultDecider, FaultRates};
+
+pub use uniplane_dataplane::fault::BadProbability;
 
 use super::{Datagram, DatagramPort, PortStats, TxBatch};
 
@@ -82,6 +87,19 @@ impl DatagramFaults {
             stall_time: Duration::from_millis(1),
         }
     }
+
+    /// The rates a [`FaultDecider`] draws from: a stall is its delay, of
+    /// `stall_time` exactly.
+    pub fn rates(&self) -> FaultRates {
+        FaultRates {
+            loss: self.loss,
+            corrupt: self.corrupt,
+            delay: self.stall,
+            delay_range: (self.stall_time, self.stall_time),
+            reorder: self.reorder,
+            duplicate: self.duplicate,
+        }
+    }
 }
 
 /// What the path did.
@@ -108,7 +126,7 @@ pub struct PathStats {
 #[derive(Debug)]
 pub struct FaultyPath {
     config: DatagramFaults,
-    rng: SplitMix64,
+    decider: FaultDecider,
     in_flight: BinaryHeap<Reverse<(Instant, u64, Slot)>>,
     order: u64,
     /// When the bottleneck finishes the datagrams queued so far.
@@ -143,7 +161,7 @@ impl FaultyPath {
     /// An empty path impairing as `config` says.
     pub fn new(config: DatagramFaults) -> Self {
         FaultyPath {
-            rng: SplitMix64::new(config.seed),
+            decider: FaultDecider::new(config.rates(), config.seed),
             config,
             in_flight: BinaryHeap::new(),
             order: 0,
@@ -190,33 +208,31 @@ impl FaultyPath {
             now = start + self.config.per_datagram;
             self.busy_until = Some(now);
         }
-        let c = &self.config;
-        let (loss, corrupt, dup, reorder) = (c.loss, c.corrupt, c.duplicate, c.reorder);
-        if self.rng.chance(loss) {
+        let fate = self.decider.decide(data.len());
+        if fate.lost {
             self.stats.lost += 1;
             return;
         }
         let mut data = data;
-        if self.rng.chance(corrupt) && !data.is_empty() {
+        if let Some(bit) = fate.flip_bit {
             self.stats.corrupted += 1;
             let mut copy = BytesMut::from(&data[..]);
-            let bit = self.rng.below(copy.len() as u64 * 8) as usize;
-            copy[bit / 8] ^= 1 << (bit % 8);
+            flip_bit(&mut copy, bit);
             data = copy.freeze();
         }
         let mut due = now + self.config.latency;
-        if self.config.stall > 0.0 && self.rng.chance(self.config.stall) {
+        if let Some(stall) = fate.delay {
             self.stats.stalls += 1;
-            self.stalled_until = Some(due + self.config.stall_time);
+            self.stalled_until = Some(due + stall);
         }
         if let Some(until) = self.stalled_until {
             due = due.max(until);
         }
-        if self.rng.chance(reorder) {
+        if fate.reorder {
             self.stats.reordered += 1;
             due += self.config.reorder_delay;
         }
-        if self.rng.chance(dup) {
+        if fate.duplicate {
             self.stats.duplicated += 1;
             let later = due + self.config.latency;
             self.enqueue(later, data.clone());
@@ -240,26 +256,12 @@ impl FaultyPath {
     }
 }
 
-/// A probability outside `0.0..=1.0` (or not a number).
-#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
-#[error("a loss probability must be within 0.0..=1.0, not {0}")]
-pub struct BadProbability(pub f64);
-
-/// Checks that `p` is a probability.
-fn probability(p: f64) -> Result<f64, BadProbability> {
-    if (0.0..=1.0).contains(&p) {
-        Ok(p)
-    } else {
-        Err(BadProbability(p))
-    }
-}
-
 /// A [`DatagramPort`] that drops a seeded share of the datagrams the
 /// wrapped port receives, as a lossy network would, and sends untouched.
 /// To impair both directions, wrap the ports at both ends.
 ///
 /// Each received datagram is dropped with probability `loss`, decided by a
-/// [`SplitMix64`] seeded with `seed`: the same seed and the same arrivals
+/// [`FaultDecider`] seeded with `seed`: the same seed and the same arrivals
 /// drop the same datagrams. What is kept stays in order. Drops are counted
 /// ([`LossyPort::dropped`], and `rx_dropped` in [`DatagramPort::stats`]).
 /// A burst costs one random draw per datagram and no allocation; with
@@ -281,8 +283,7 @@ fn probability(p: f64) -> Result<f64, BadProbability> {
 #[derive(Debug)]
 pub struct LossyPort<P> {
     inner: P,
-    rng: SplitMix64,
-    loss: f64,
+    decider: FaultDecider,
     dropped: u64,
 }
 
@@ -295,17 +296,20 @@ impl<P: DatagramPort> LossyPort<P> {
     /// Wraps `inner`, dropping each received datagram with probability
     /// `loss` (0.0 to 1.0) as decided by a generator seeded with `seed`.
     pub fn new(inner: P, loss: f64, seed: u64) -> Result<Self, BadProbability> {
+        let rates = FaultRates {
+            loss: probability(loss)?,
+            ..FaultRates::default()
+        };
         Ok(LossyPort {
             inner,
-            rng: SplitMix64::new(seed),
-            loss: probability(loss)?,
+            decider: FaultDecider::new(rates, seed),
             dropped: 0,
         })
     }
 
     /// The probability with which a received datagram is dropped.
     pub fn loss(&self) -> f64 {
-        self.loss
+        self.decider.rates().loss
     }
 
     /// Datagrams dropped so far.
@@ -328,7 +332,7 @@ impl<P: DatagramPort> LossyPort<P> {
     fn thin(&mut self, out: &mut Vec<Datagram<P::Addr>>, start: usize) -> usize {
         let mut kept = start;
         for i in start..out.len() {
-            if self.rng.chance(self.loss) {
+            if self.decider.decide(out[i].data.len()).lost {
                 self.dropped += 1;
             } else {
                 out.swap(kept, i);

@@ -20,9 +20,9 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::{Bytes, BytesMut};
 use futures_core::Stream;
-use futures_sink::Sink;
+use uniplane_dataplane::batched::{BatchedLink, LinkIo};
 use uniplane_dataplane::wire::HEADER_LEN;
-use uniplane_dataplane::{Link, LinkError, Message, StackError};
+use uniplane_dataplane::{LinkError, Message, StackError};
 use uniplane_frame::eth::{self, EthernetFrame, MacAddr};
 use uniplane_frame::{AsyncDevice, FrameDevice, RxQueue, TxQueue};
 
@@ -177,7 +177,7 @@ struct Inner<D: FrameDevice> {
 }
 
 /// One interface's device, shared by the links and the listener on it.
-pub(crate) struct Endpoint<D: FrameDevice> {
+pub(crate) struct SharedDevice<D: FrameDevice> {
     inner: Mutex<Inner<D>>,
     fanout: Arc<FanOut>,
     fanout_waker: Waker,
@@ -189,7 +189,7 @@ pub(crate) struct Endpoint<D: FrameDevice> {
     counters: Arc<Counters>,
 }
 
-impl<D: FrameDevice> Endpoint<D> {
+impl<D: FrameDevice> SharedDevice<D> {
     /// Shares `dev`; must be called inside a tokio runtime.
     pub(crate) fn new(
         dev: D,
@@ -201,7 +201,7 @@ impl<D: FrameDevice> Endpoint<D> {
         let local = dev.mac();
         let mtu = dev.mtu();
         let fanout = Arc::new(FanOut::default());
-        Ok(Arc::new(Endpoint {
+        Ok(Arc::new(SharedDevice {
             inner: Mutex::new(Inner {
                 dev: AsyncDevice::new(dev)?,
                 peers: HashMap::new(),
@@ -326,7 +326,7 @@ impl<D: FrameDevice> Endpoint<D> {
         }
         q.linked = true;
         drop(g);
-        Ok(EtherLink::new(self.clone(), peer))
+        Ok(new_link(self.clone(), peer))
     }
 
     /// Starts accepting links from new sources.
@@ -346,25 +346,29 @@ impl<D: FrameDevice> Endpoint<D> {
     }
 }
 
-/// One peer's messages as a [`Link`]: unreliable and unordered as the wire
-/// is; the stream never ends on its own.
-pub struct EtherLink<D: FrameDevice> {
-    ep: Arc<Endpoint<D>>,
+/// One peer's messages as a [`Link`](uniplane_dataplane::Link): unreliable
+/// and unordered as the wire is; the stream never ends on its own. A
+/// [`BatchedLink`] over the peer's queue on the shared device.
+pub type EtherLink<D> = BatchedLink<EtherPeer<D>>;
+
+/// The I/O of an [`EtherLink`]: one peer's queue on a device shared with
+/// the interface's other links, and the messages waiting to go to it.
+pub struct EtherPeer<D: FrameDevice> {
+    dev: Arc<SharedDevice<D>>,
     peer: MacAddr,
-    rx: VecDeque<Message>,
     tx: VecDeque<Message>,
 }
 
-impl<D: FrameDevice> EtherLink<D> {
-    fn new(ep: Arc<Endpoint<D>>, peer: MacAddr) -> Self {
-        EtherLink {
-            ep,
-            peer,
-            rx: VecDeque::with_capacity(1024),
-            tx: VecDeque::with_capacity(FLUSH_AT * 2),
-        }
-    }
+fn new_link<D: FrameDevice>(dev: Arc<SharedDevice<D>>, peer: MacAddr) -> EtherLink<D> {
+    let io = EtherPeer {
+        dev,
+        peer,
+        tx: VecDeque::with_capacity(FLUSH_AT * 2),
+    };
+    BatchedLink::new(io, 1024)
+}
 
+impl<D: FrameDevice> EtherPeer<D> {
     /// The peer's address.
     pub fn peer_mac(&self) -> MacAddr {
         self.peer
@@ -372,41 +376,59 @@ impl<D: FrameDevice> EtherLink<D> {
 
     /// This end's address.
     pub fn local_mac(&self) -> MacAddr {
-        self.ep.local
+        self.dev.local
+    }
+}
+
+impl<D: FrameDevice> LinkIo for EtherPeer<D> {
+    fn max_message(&self) -> usize {
+        self.dev.mtu
     }
 
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        if !self.rx.is_empty() {
-            return Poll::Ready(Ok(()));
-        }
-        let mut g = self.ep.lock();
+    fn queue(&mut self, message: Message, encoded_len: usize) {
+        debug_assert!(encoded_len >= HEADER_LEN);
+        self.tx.push_back(message);
+    }
+
+    fn is_full(&self) -> bool {
+        self.tx.len() >= FLUSH_AT
+    }
+
+    /// Takes the peer's queue whole, pulling from the device first when it
+    /// is empty.
+    fn poll_receive(
+        &mut self,
+        cx: &mut Context<'_>,
+        rx: &mut VecDeque<Message>,
+    ) -> Poll<Result<bool, LinkError>> {
+        let mut g = self.dev.lock();
         let take = |g: &mut Inner<D>, rx: &mut VecDeque<Message>| {
             if let Some(q) = g.peers.get_mut(&self.peer) {
                 std::mem::swap(&mut q.rx, rx);
             }
         };
-        take(&mut g, &mut self.rx);
-        if self.rx.is_empty() {
-            if let Err(e) = self.ep.pump(&mut g) {
+        take(&mut g, rx);
+        if rx.is_empty() {
+            if let Err(e) = self.dev.pump(&mut g) {
                 return Poll::Ready(Err(e));
             }
-            take(&mut g, &mut self.rx);
+            take(&mut g, rx);
         }
-        if self.rx.is_empty() {
+        if rx.is_empty() {
             if let Some(q) = g.peers.get_mut(&self.peer) {
                 q.waker = Some(cx.waker().clone());
             }
-            self.ep.fanout.register(cx.waker());
+            self.dev.fanout.register(cx.waker());
         }
-        let wake = self.ep.wake_collected(&mut g);
+        let wake = self.dev.wake_collected(&mut g);
         drop(g);
         for w in wake {
             w.wake();
         }
-        if self.rx.is_empty() {
+        if rx.is_empty() {
             Poll::Pending
         } else {
-            Poll::Ready(Ok(()))
+            Poll::Ready(Ok(true))
         }
     }
 
@@ -416,21 +438,21 @@ impl<D: FrameDevice> EtherLink<D> {
         if self.tx.is_empty() {
             return Poll::Ready(Ok(()));
         }
-        let ep = &self.ep;
-        let mut g = ep.lock();
-        let src = ep.local;
+        let dev = &self.dev;
+        let mut g = dev.lock();
+        let src = dev.local;
         let (mut frames, mut msgs) = (0u64, 0u64);
         let result = loop {
             {
                 let (_, txq) = g.dev.get_mut().queues();
-                let cap = txq.frame_capacity().min(eth::HEADER_LEN + ep.mtu);
+                let cap = txq.frame_capacity().min(eth::HEADER_LEN + dev.mtu);
                 while !self.tx.is_empty() {
                     // As many messages as fit one frame.
                     let mut len = eth::HEADER_LEN;
                     let mut count = 0;
                     for m in self.tx.iter() {
                         let l = m.encoded_len();
-                        if len + l > cap || (count > 0 && !ep.pack) {
+                        if len + l > cap || (count > 0 && !dev.pack) {
                             break;
                         }
                         len += l;
@@ -438,7 +460,7 @@ impl<D: FrameDevice> EtherLink<D> {
                     }
                     let tx = &mut self.tx;
                     let pushed = txq.push(len, |f| {
-                        eth::write_header(f, self.peer, src, ep.ethertype);
+                        eth::write_header(f, self.peer, src, dev.ethertype);
                         let mut at = eth::HEADER_LEN;
                         for m in tx.drain(..count) {
                             at += encode_into(&m, &mut f[at..]);
@@ -464,7 +486,7 @@ impl<D: FrameDevice> EtherLink<D> {
             }
         };
         drop(g);
-        let c = &ep.counters;
+        let c = &dev.counters;
         c.tx_frames.fetch_add(frames, Ordering::Relaxed);
         c.tx_messages.fetch_add(msgs, Ordering::Relaxed);
         match result {
@@ -475,81 +497,16 @@ impl<D: FrameDevice> EtherLink<D> {
     }
 }
 
-impl<D: FrameDevice> Drop for EtherLink<D> {
+impl<D: FrameDevice> Drop for EtherPeer<D> {
     fn drop(&mut self) {
         // Forget the peer: its next frame may open a new link.
-        self.ep.lock().peers.remove(&self.peer);
-    }
-}
-
-impl<D: FrameDevice> Stream for EtherLink<D> {
-    type Item = Result<Message, LinkError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        match std::task::ready!(this.poll_fill(cx)) {
-            Ok(()) => Poll::Ready(this.rx.pop_front().map(Ok)),
-            Err(e) => Poll::Ready(Some(Err(e))),
-        }
-    }
-}
-
-impl<D: FrameDevice> Sink<Message> for EtherLink<D> {
-    type Error = LinkError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        if this.tx.len() >= FLUSH_AT {
-            if let Poll::Ready(Err(e)) = this.poll_push(cx) {
-                return Poll::Ready(Err(e));
-            }
-            if this.tx.len() >= FLUSH_AT {
-                return Poll::Pending;
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        let this = self.get_mut();
-        let size = item.encoded_len();
-        if size > this.ep.mtu {
-            return Err(LinkError::TooLarge {
-                size,
-                limit: this.ep.mtu,
-            });
-        }
-        debug_assert!(size >= HEADER_LEN);
-        this.tx.push_back(item);
-        Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_push(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_push(cx)
-    }
-}
-
-impl<D: FrameDevice> Link for EtherLink<D> {
-    fn poll_recv_batch(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Message>,
-        max: usize,
-    ) -> Poll<Result<usize, LinkError>> {
-        std::task::ready!(self.poll_fill(cx))?;
-        let n = self.rx.len().min(max);
-        out.extend(self.rx.drain(..n));
-        Poll::Ready(Ok(n))
+        self.dev.lock().peers.remove(&self.peer);
     }
 }
 
 /// Links from new sources on one interface.
 pub struct EtherListener<D: FrameDevice> {
-    ep: Arc<Endpoint<D>>,
+    ep: Arc<SharedDevice<D>>,
 }
 
 impl<D: FrameDevice> EtherListener<D> {
@@ -585,7 +542,7 @@ impl<D: FrameDevice> Stream for EtherListener<D> {
             w.wake();
         }
         match next {
-            Some(peer) => Poll::Ready(Some(Ok(EtherLink::new(ep, peer)))),
+            Some(peer) => Poll::Ready(Some(Ok(new_link(ep, peer)))),
             None => Poll::Pending,
         }
     }

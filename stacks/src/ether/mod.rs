@@ -20,7 +20,7 @@
 mod link;
 mod port;
 
-pub use link::{EtherLink, EtherListener, EtherStats};
+pub use link::{EtherLink, EtherListener, EtherPeer, EtherStats};
 pub use port::{EtherPort, EtherPortStats, LENGTH_LEN};
 
 use std::collections::HashMap;
@@ -36,7 +36,7 @@ use uniplane_frame::FrameDevice;
 pub use uniplane_frame::{DeviceOpener, PacketOpener};
 
 use crate::ltl::{spawn_endpoint, LtlConfig, LtlHandle};
-use link::{Counters, Endpoint};
+use link::{Counters, SharedDevice};
 
 /// Default EtherType of overlay messages (IEEE 802 local experimental 1).
 pub const ETHERTYPE: u16 = 0x88b5;
@@ -85,7 +85,7 @@ impl Default for EtherConfig {
 
 /// What is open on one interface.
 struct Iface<D: FrameDevice> {
-    plain: Option<Arc<Endpoint<D>>>,
+    plain: Option<Arc<SharedDevice<D>>>,
     ltl: Option<Arc<LtlHandle<MacAddr>>>,
 }
 
@@ -194,7 +194,7 @@ impl<O: DeviceOpener> EtherStack<O> {
     }
 
     /// The unreliable endpoint of `iface`, opened on first use.
-    fn plain(&self, iface: &str) -> Result<Arc<Endpoint<O::Device>>, StackError> {
+    fn plain(&self, iface: &str) -> Result<Arc<SharedDevice<O::Device>>, StackError> {
         let mut all = lock(&self.ifaces);
         let entry = all.entry(iface.to_owned()).or_insert(Iface {
             plain: None,
@@ -204,7 +204,7 @@ impl<O: DeviceOpener> EtherStack<O> {
             return Ok(ep.clone());
         }
         let dev = self.opener.open(iface, self.config.ethertype)?;
-        let ep = Endpoint::new(
+        let ep = SharedDevice::new(
             dev,
             self.config.ethertype,
             self.config.pack,

@@ -3,9 +3,9 @@
 //! own (as `quinn-proto` is).
 //!
 //! ```text
-//!  handle_datagram(from, bytes, now) ─┐           ┌─► poll_transmit(now, buf) -> dst
-//!  handle_timeout(now) ───────────────┤ Endpoint  ├─► poll_timeout() -> when
-//!  connect / send / recv / close ─────┘           └─► poll_event() -> what changed
+//!  handle_datagram(from, bytes, now) ─┐               ┌─► poll_transmit(now, buf) -> dst
+//!  handle_timeout(now) ───────────────┤  LtlEndpoint  ├─► poll_timeout() -> when
+//!  connect / send / recv / close ─────┘               └─► poll_event() -> what changed
 //! ```
 //!
 //! Reliability is selective repeat: the receiver keeps out-of-order frames
@@ -156,7 +156,7 @@ pub enum Recv {
 pub enum Event {
     /// A connection this endpoint opened is established.
     Connected(ConnId),
-    /// A peer opened a connection; take it with [`Endpoint::accept`].
+    /// A peer opened a connection; take it with [`LtlEndpoint::accept`].
     Incoming,
     /// Messages (or the end) can be read.
     Readable(ConnId),
@@ -310,7 +310,7 @@ struct Conn<A> {
 }
 
 /// Every LTL connection over one datagram port, without I/O.
-pub struct Endpoint<A> {
+pub struct LtlEndpoint<A> {
     config: LtlConfig,
     rng: SplitMix64,
     conns: HashMap<ConnId, Conn<A>>,
@@ -327,11 +327,11 @@ pub struct Endpoint<A> {
     scratch: Vec<ConnId>,
 }
 
-impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
+impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
     /// An endpoint with no connections; `seed` picks connection ids and
     /// initial sequence numbers.
     pub fn new(config: LtlConfig, seed: u64) -> Self {
-        Endpoint {
+        LtlEndpoint {
             config,
             rng: SplitMix64::new(seed),
             conns: HashMap::new(),
@@ -889,7 +889,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> Endpoint<A> {
         None
     }
 
-    /// When [`Endpoint::handle_timeout`] must next be called.
+    /// When [`LtlEndpoint::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.conns
             .values()

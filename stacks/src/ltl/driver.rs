@@ -1,4 +1,4 @@
-//! The thin async driver around the sans-IO [`Endpoint`]: one task per
+//! The thin async driver around the sans-IO [`LtlEndpoint`]: one task per
 //! datagram port receives bursts, feeds them in, runs the timers, sends
 //! what the endpoint has to send in bursts, and wakes the links whose
 //! connections changed. Links move messages to and from the endpoint in
@@ -15,13 +15,12 @@ use std::time::Instant;
 
 use atomic_waker::AtomicWaker;
 use futures_core::Stream;
-use futures_sink::Sink;
+use uniplane_dataplane::batched::{BatchedLink, LinkIo};
 use uniplane_dataplane::{
-    BoxLink, BoxListener, Capabilities, Link, LinkError, Locator, Message, Stack, StackError,
-    StackFuture,
+    BoxLink, BoxListener, Capabilities, LinkError, Locator, Message, Stack, StackError, StackFuture,
 };
 
-use super::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
+use super::core::{ConnError, ConnId, Event, LtlConfig, LtlEndpoint, LtlStats, Recv, SendError};
 use crate::datagram::fault::{BadProbability, LossyPort};
 use crate::datagram::{Datagram, DatagramPort, TxBatch};
 use crate::udp::{UdpConfig, UdpPort};
@@ -47,7 +46,7 @@ struct ConnWakers {
 }
 
 struct Inner<A> {
-    endpoint: Endpoint<A>,
+    endpoint: LtlEndpoint<A>,
     wakers: HashMap<ConnId, ConnWakers>,
     accept: Option<Waker>,
     /// Handles (stack, listener, links) still alive.
@@ -105,7 +104,7 @@ impl<A: Addr> LtlHandle<A> {
             })?
         };
         self.shared.driver.wake();
-        let link = LtlLink::new(self.new_ref(), id);
+        let link = new_link(self.new_ref(), id);
         std::future::poll_fn(|cx| {
             let mut g = link.shared.lock();
             if g.endpoint.is_established(id) {
@@ -161,7 +160,7 @@ pub fn spawn_endpoint<P: DatagramPort>(
     let shared = Arc::new(Shared {
         max_message: config.max_message(),
         inner: Mutex::new(Inner {
-            endpoint: Endpoint::new(config, seed),
+            endpoint: LtlEndpoint::new(config, seed),
             wakers: HashMap::new(),
             accept: None,
             handles: 1,
@@ -325,32 +324,32 @@ impl<P: DatagramPort> Drop for Driver<P> {
     }
 }
 
-/// One LTL connection as a [`Link`].
-pub struct LtlLink<A: Addr> {
+/// One LTL connection as a [`Link`](uniplane_dataplane::Link): a
+/// [`BatchedLink`] over the connection's slot in the endpoint.
+pub type LtlLink<A> = BatchedLink<LtlConnection<A>>;
+
+/// The I/O of an [`LtlLink`]: one connection of a shared endpoint, reached
+/// under its lock once per batch of messages.
+pub struct LtlConnection<A: Addr> {
     shared: Arc<Shared<A>>,
     id: ConnId,
-    rx: VecDeque<Message>,
     tx: VecDeque<Message>,
-    ended: bool,
 }
 
-impl<A: Addr> LtlLink<A> {
-    fn new(shared: Arc<Shared<A>>, id: ConnId) -> Self {
-        LtlLink {
-            shared,
-            id,
-            rx: VecDeque::with_capacity(LINK_BATCH * 4),
-            tx: VecDeque::with_capacity(LINK_BATCH),
-            ended: false,
-        }
-    }
+fn new_link<A: Addr>(shared: Arc<Shared<A>>, id: ConnId) -> LtlLink<A> {
+    let io = LtlConnection {
+        shared,
+        id,
+        tx: VecDeque::with_capacity(LINK_BATCH),
+    };
+    BatchedLink::new(io, LINK_BATCH * 4)
 }
 
 fn peer_failed(e: ConnError) -> LinkError {
     LinkError::PeerFailed(e.to_string())
 }
 
-impl<A: Addr> LtlLink<A> {
+impl<A: Addr> LtlConnection<A> {
     /// The connection's id at this endpoint.
     pub fn id(&self) -> ConnId {
         self.id
@@ -365,39 +364,53 @@ impl<A: Addr> LtlLink<A> {
     pub fn timing(&self) -> Option<(Option<std::time::Duration>, std::time::Duration)> {
         self.shared.lock().endpoint.timing(self.id)
     }
+}
 
-    /// Refills the receive queue; `Ready(Ok(false))` at the end.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, LinkError>> {
-        if !self.rx.is_empty() {
-            return Poll::Ready(Ok(true));
-        }
-        if self.ended {
-            return Poll::Ready(Ok(false));
-        }
+impl<A: Addr> LinkIo for LtlConnection<A> {
+    fn max_message(&self) -> usize {
+        self.shared.max_message
+    }
+
+    fn queue(&mut self, message: Message, _encoded_len: usize) {
+        self.tx.push_back(message);
+    }
+
+    fn is_full(&self) -> bool {
+        self.tx.len() >= LINK_BATCH
+    }
+
+    /// Takes what the endpoint has for this connection, up to a few
+    /// batches, under one lock.
+    fn poll_receive(
+        &mut self,
+        cx: &mut Context<'_>,
+        rx: &mut VecDeque<Message>,
+    ) -> Poll<Result<bool, LinkError>> {
         let mut g = self.shared.lock();
+        let mut open = true;
         for _ in 0..LINK_BATCH * 4 {
             match g.endpoint.recv(self.id) {
-                Recv::Message(m) => self.rx.push_back(m),
+                Recv::Message(m) => rx.push_back(m),
                 Recv::Empty => break,
                 Recv::End => {
-                    self.ended = true;
+                    open = false;
                     break;
                 }
                 Recv::Failed(e) => {
-                    if self.rx.is_empty() {
+                    if rx.is_empty() {
                         return Poll::Ready(Err(peer_failed(e)));
                     }
                     break;
                 }
             }
         }
-        if !self.rx.is_empty() {
+        if !rx.is_empty() {
             drop(g);
             // Reading freed credit: the driver may owe the peer an update.
             self.shared.driver.wake();
-            return Poll::Ready(Ok(true));
+            return Poll::Ready(Ok(open));
         }
-        if self.ended {
+        if !open {
             return Poll::Ready(Ok(false));
         }
         g.wakers.entry(self.id).or_default().rx = Some(cx.waker().clone());
@@ -444,79 +457,14 @@ impl<A: Addr> LtlLink<A> {
             Poll::Pending
         }
     }
-}
 
-impl<A: Addr> Stream for LtlLink<A> {
-    type Item = Result<Message, LinkError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        match std::task::ready!(this.poll_fill(cx)) {
-            Ok(true) => Poll::Ready(this.rx.pop_front().map(Ok)),
-            Ok(false) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(e))),
-        }
+    fn close(&mut self) {
+        self.shared.lock().endpoint.close(self.id);
+        self.shared.driver.wake();
     }
 }
 
-impl<A: Addr> Sink<Message> for LtlLink<A> {
-    type Error = LinkError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        if this.tx.len() < LINK_BATCH {
-            return Poll::Ready(Ok(()));
-        }
-        match this.poll_push(cx) {
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            _ if this.tx.len() < LINK_BATCH => Poll::Ready(Ok(())),
-            _ => Poll::Pending,
-        }
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        let this = self.get_mut();
-        let size = item.encoded_len();
-        if size > this.shared.max_message {
-            return Err(LinkError::TooLarge {
-                size,
-                limit: this.shared.max_message,
-            });
-        }
-        this.tx.push_back(item);
-        Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_push(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        std::task::ready!(this.poll_push(cx))?;
-        this.shared.lock().endpoint.close(this.id);
-        this.shared.driver.wake();
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<A: Addr> Link for LtlLink<A> {
-    fn poll_recv_batch(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Message>,
-        max: usize,
-    ) -> Poll<Result<usize, LinkError>> {
-        if !std::task::ready!(self.poll_fill(cx))? {
-            return Poll::Ready(Ok(0));
-        }
-        let n = self.rx.len().min(max);
-        out.extend(self.rx.drain(..n));
-        Poll::Ready(Ok(n))
-    }
-}
-
-impl<A: Addr> Drop for LtlLink<A> {
+impl<A: Addr> Drop for LtlConnection<A> {
     fn drop(&mut self) {
         {
             let mut g = self.shared.lock();
@@ -556,7 +504,7 @@ impl<A: Addr> Stream for LtlListener<A> {
         if let Some(id) = g.endpoint.accept() {
             g.handles += 1;
             drop(g);
-            return Poll::Ready(Some(Ok(LtlLink::new(self.shared.clone(), id))));
+            return Poll::Ready(Some(Ok(new_link(self.shared.clone(), id))));
         }
         g.accept = Some(cx.waker().clone());
         Poll::Pending

@@ -13,9 +13,9 @@ pub mod core;
 mod crc;
 pub mod wire;
 
-pub use self::core::{ConnError, ConnId, Endpoint, Event, LtlConfig, LtlStats, Recv, SendError};
+pub use self::core::{ConnError, ConnId, Event, LtlConfig, LtlEndpoint, LtlStats, Recv, SendError};
 pub use crc::{crc32c, Crc32c};
 
 mod driver;
 
-pub use driver::{spawn_endpoint, Addr, LtlHandle, LtlLink, LtlListener, LtlStack};
+pub use driver::{spawn_endpoint, Addr, LtlConnection, LtlHandle, LtlLink, LtlListener, LtlStack};

@@ -47,12 +47,11 @@ use std::task::{Context, Poll};
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use futures_core::Stream;
-use futures_sink::Sink;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use uniplane_dataplane::batched::{BatchedLink, LinkIo};
 use uniplane_dataplane::wire::DecodeError;
 use uniplane_dataplane::{
-    BoxLink, BoxListener, Capabilities, Link, LinkError, Locator, Message, Stack, StackError,
-    StackFuture,
+    BoxLink, BoxListener, Capabilities, LinkError, Locator, Message, Stack, StackError, StackFuture,
 };
 
 use crate::datagram::{Datagram, DatagramPort, PortStats, TxBatch};
@@ -343,14 +342,21 @@ impl Stragglers {
     }
 }
 
-/// One end of a `udp` link: a socket connected to one peer.
-pub struct UdpLink {
+/// One end of a `udp` link: a socket connected to one peer, as a
+/// [`BatchedLink`] over [`UdpSocketIo`].
+pub type UdpLink = BatchedLink<UdpSocketIo>;
+
+/// The I/O of a [`UdpLink`]: its own connected socket, and the datagrams
+/// being packed for it.
+///
+/// Busy polling ([`UdpConfig::busy_poll`]) lives in the socket's port, below
+/// this: the link's plumbing is the same with it or without.
+pub struct UdpSocketIo {
     port: UdpPort,
     peer: SocketAddr,
     max_datagram: usize,
     pack: bool,
     rx: Vec<Datagram<SocketAddr>>,
-    pending: VecDeque<Message>,
     tx: TxBatch<SocketAddr>,
     /// Messages accepted since the counters were last updated.
     tx_messages: u64,
@@ -358,7 +364,7 @@ pub struct UdpLink {
     stragglers: Option<Arc<Stragglers>>,
 }
 
-impl std::fmt::Debug for UdpLink {
+impl std::fmt::Debug for UdpSocketIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UdpLink")
             .field("local", &self.port.local_addr())
@@ -368,16 +374,15 @@ impl std::fmt::Debug for UdpLink {
     }
 }
 
-impl UdpLink {
+impl UdpSocketIo {
     fn new(port: UdpPort, peer: SocketAddr, cfg: &UdpConfig, counters: Arc<Counters>) -> Self {
         let max_datagram = port.max_datagram_size();
-        UdpLink {
+        UdpSocketIo {
             port,
             peer,
             max_datagram,
             pack: cfg.pack,
             rx: Vec::with_capacity(socket::MAX_BATCH),
-            pending: VecDeque::with_capacity(1024),
             tx: TxBatch::with_capacity(FLUSH_AT * max_datagram, FLUSH_AT * 2),
             tx_messages: 0,
             counters,
@@ -400,42 +405,68 @@ impl UdpLink {
         &self.port
     }
 
-    /// Decodes received datagrams onto the pending queue, counting the bad.
-    fn absorb<'a>(&mut self, datagrams: impl Iterator<Item = &'a Bytes>) {
+    /// Decodes received datagrams onto `pending`, counting the bad.
+    fn absorb<'a>(
+        counters: &Counters,
+        pending: &mut VecDeque<Message>,
+        datagrams: impl Iterator<Item = &'a Bytes>,
+    ) {
         let (mut n, mut msgs, mut bad) = (0u64, 0u64, 0u64);
         for data in datagrams {
             n += 1;
-            match decode_datagram(data, &mut self.pending) {
+            match decode_datagram(data, pending) {
                 Ok(k) => msgs += k as u64,
                 Err(_) => bad += 1,
             }
         }
-        let c = &self.counters;
-        c.rx_datagrams.fetch_add(n, Ordering::Relaxed);
-        c.rx_messages.fetch_add(msgs, Ordering::Relaxed);
+        counters.rx_datagrams.fetch_add(n, Ordering::Relaxed);
+        counters.rx_messages.fetch_add(msgs, Ordering::Relaxed);
         if bad > 0 {
-            c.malformed.fetch_add(bad, Ordering::Relaxed);
+            counters.malformed.fetch_add(bad, Ordering::Relaxed);
         }
     }
+}
 
-    /// Refills the pending queue; `Pending` when nothing arrived.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+impl LinkIo for UdpSocketIo {
+    fn max_message(&self) -> usize {
+        self.max_datagram
+    }
+
+    /// Packs the message into the last datagram when it fits there.
+    fn queue(&mut self, message: Message, size: usize) {
+        let fits =
+            self.pack && matches!(self.tx.last_len(), Some(l) if l + size <= self.max_datagram);
+        if !fits {
+            self.tx.push(self.peer);
+        }
+        message.encode(self.tx.buffer_mut());
+        self.tx_messages += 1;
+    }
+
+    fn is_full(&self) -> bool {
+        self.tx.pending() >= FLUSH_AT
+    }
+
+    /// Takes stragglers from the listener first, then a burst of datagrams.
+    fn poll_receive(
+        &mut self,
+        cx: &mut Context<'_>,
+        pending: &mut VecDeque<Message>,
+    ) -> Poll<Result<bool, LinkError>> {
         loop {
             if let Some(s) = &self.stragglers {
                 if s.any.load(Ordering::Acquire) {
                     let late = s.take();
-                    self.absorb(late.iter());
+                    Self::absorb(&self.counters, pending, late.iter());
                 }
             }
-            if !self.pending.is_empty() {
-                return Poll::Ready(Ok(()));
+            if !pending.is_empty() {
+                return Poll::Ready(Ok(true));
             }
             self.rx.clear();
             match self.port.poll_recv(cx, &mut self.rx, socket::MAX_BATCH) {
                 Poll::Ready(Ok(_)) => {
-                    let rx = std::mem::take(&mut self.rx);
-                    self.absorb(rx.iter().map(|d| &d.data));
-                    self.rx = rx;
+                    Self::absorb(&self.counters, pending, self.rx.iter().map(|d| &d.data));
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => {
@@ -451,7 +482,7 @@ impl UdpLink {
         }
     }
 
-    fn poll_send_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+    fn poll_push(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
         let before = self.tx.pending();
         let r = self.port.poll_send(cx, &mut self.tx);
         let sent = before - self.tx.pending();
@@ -470,80 +501,8 @@ impl UdpLink {
     }
 }
 
-impl Stream for UdpLink {
-    type Item = Result<Message, LinkError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        if let Some(m) = this.pending.pop_front() {
-            return Poll::Ready(Some(Ok(m)));
-        }
-        match this.poll_fill(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(this.pending.pop_front().map(Ok)),
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl Sink<Message> for UdpLink {
-    type Error = LinkError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let this = self.get_mut();
-        if this.tx.pending() >= FLUSH_AT {
-            if let Poll::Ready(Err(e)) = this.poll_send_out(cx) {
-                return Poll::Ready(Err(e));
-            }
-            if this.tx.pending() >= FLUSH_AT {
-                return Poll::Pending;
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        let this = self.get_mut();
-        let size = item.encoded_len();
-        if size > this.max_datagram {
-            return Err(LinkError::TooLarge {
-                size,
-                limit: this.max_datagram,
-            });
-        }
-        let fits =
-            this.pack && matches!(this.tx.last_len(), Some(l) if l + size <= this.max_datagram);
-        if !fits {
-            this.tx.push(this.peer);
-        }
-        item.encode(this.tx.buffer_mut());
-        this.tx_messages += 1;
-        Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_send_out(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().poll_send_out(cx)
-    }
-}
-
-impl Link for UdpLink {
-    fn poll_recv_batch(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<Message>,
-        max: usize,
-    ) -> Poll<Result<usize, LinkError>> {
-        if self.pending.is_empty() {
-            std::task::ready!(self.poll_fill(cx))?;
-        }
-        let n = self.pending.len().min(max);
-        out.extend(self.pending.drain(..n));
-        Poll::Ready(Ok(n))
-    }
+fn new_link(io: UdpSocketIo, first: VecDeque<Message>) -> UdpLink {
+    BatchedLink::with_received(io, first)
 }
 
 /// Links from new peers of one listening socket.
@@ -592,12 +551,11 @@ impl UdpListener {
         let socket = bind_socket(self.local_addr(), &self.config, true)?;
         socket.connect(&SockAddr::from(peer))?;
         let port = UdpPort::open(socket, Some(peer), &self.config)?;
-        let mut link = UdpLink::new(port, peer, &self.config, self.counters.clone());
-        link.pending = first;
+        let mut io = UdpSocketIo::new(port, peer, &self.config, self.counters.clone());
         let stragglers = Arc::new(Stragglers::default());
         self.peers.insert(peer, Arc::downgrade(&stragglers));
-        link.stragglers = Some(stragglers);
-        Ok(Some(link))
+        io.stragglers = Some(stragglers);
+        Ok(Some(new_link(io, first)))
     }
 }
 
@@ -683,12 +641,8 @@ impl UdpStack {
         let socket = bind_socket(unspecified_like(&addr), &self.config, false)?;
         socket.connect(&SockAddr::from(addr))?;
         let port = UdpPort::open(socket, Some(addr), &self.config)?;
-        Ok(UdpLink::new(
-            port,
-            addr,
-            &self.config,
-            self.counters.clone(),
-        ))
+        let io = UdpSocketIo::new(port, addr, &self.config, self.counters.clone());
+        Ok(new_link(io, VecDeque::with_capacity(1024)))
     }
 
     /// Listens at `local` now; must be called inside a tokio runtime.

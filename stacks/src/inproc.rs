@@ -1,7 +1,8 @@
-//! The `mem` stack: links between tasks of one process, found by name.
+//! The in-process stack (named `mem` in configurations): links between
+//! tasks of one process, found by name.
 //!
 //! A listener registers a name; `connect` to that name creates a
-//! [`uniplane_dataplane::mem::pair`] and hands one end to the listener. The
+//! [`uniplane_dataplane::channel::pair`] and hands one end to the listener. The
 //! queues are bounded, so a slow receiver pushes back on its sender.
 //! Reliable, ordered, and able to carry one-sided operations.
 
@@ -11,34 +12,34 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
-use uniplane_dataplane::mem::{pair, MemLink};
+use uniplane_dataplane::channel::{pair, ChannelLink};
 use uniplane_dataplane::wire::EXTENDED_HEADER_LEN;
 use uniplane_dataplane::{
     BoxLink, BoxListener, Capabilities, Locator, Message, Stack, StackError, StackFuture,
 };
 
-/// Messages each direction of a `mem` link holds by default.
+/// Messages each direction of an in-process link holds by default.
 pub const DEFAULT_QUEUE_DEPTH: usize = 1024;
 /// Connections a listener may have waiting to be accepted.
 const ACCEPT_BACKLOG: usize = 128;
 
-type Backlog = Arc<(MemLinkQueue, atomic_waker::AtomicWaker)>;
-type MemLinkQueue = Mutex<std::collections::VecDeque<MemLink>>;
+type Backlog = Arc<(ChannelQueue, atomic_waker::AtomicWaker)>;
+type ChannelQueue = Mutex<std::collections::VecDeque<ChannelLink>>;
 
 /// In-process stack; clones share one namespace of listeners.
 #[derive(Clone)]
-pub struct MemStack {
+pub struct InProcessStack {
     listeners: Arc<Mutex<HashMap<String, Backlog>>>,
     depth: usize,
 }
 
-impl Default for MemStack {
+impl Default for InProcessStack {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl MemStack {
+impl InProcessStack {
     /// A stack with an empty namespace and the default queue depth.
     pub fn new() -> Self {
         Self::with_depth(DEFAULT_QUEUE_DEPTH)
@@ -46,7 +47,7 @@ impl MemStack {
 
     /// A stack whose links hold `depth` messages per direction.
     pub fn with_depth(depth: usize) -> Self {
-        MemStack {
+        InProcessStack {
             listeners: Arc::new(Mutex::new(HashMap::new())),
             depth: depth.max(1),
         }
@@ -69,7 +70,7 @@ impl MemStack {
     }
 
     /// Opens a link to the listener named by `peer` now (no await needed).
-    pub fn connect_now(&self, peer: &Locator) -> Result<MemLink, StackError> {
+    pub fn connect_now(&self, peer: &Locator) -> Result<ChannelLink, StackError> {
         let name = self.name(peer)?;
         let backlog = self
             .table()
@@ -89,7 +90,7 @@ impl MemStack {
     }
 
     /// Registers a listener at `local` now.
-    pub fn listen_now(&self, local: &Locator) -> Result<MemListener, StackError> {
+    pub fn listen_now(&self, local: &Locator) -> Result<InProcessListener, StackError> {
         let name = self.name(local)?.to_owned();
         let mut table = self.table();
         if table.contains_key(&name) {
@@ -97,7 +98,7 @@ impl MemStack {
         }
         let backlog: Backlog = Arc::default();
         table.insert(name.clone(), backlog.clone());
-        Ok(MemListener {
+        Ok(InProcessListener {
             stack: self.clone(),
             name,
             backlog,
@@ -105,7 +106,7 @@ impl MemStack {
     }
 }
 
-impl Stack for MemStack {
+impl Stack for InProcessStack {
     fn name(&self) -> &'static str {
         "mem"
     }
@@ -137,14 +138,14 @@ impl Stack for MemStack {
 }
 
 /// Links connecting to a name; dropping it frees the name.
-pub struct MemListener {
-    stack: MemStack,
+pub struct InProcessListener {
+    stack: InProcessStack,
     name: String,
     backlog: Backlog,
 }
 
-impl Stream for MemListener {
-    type Item = Result<MemLink, StackError>;
+impl Stream for InProcessListener {
+    type Item = Result<ChannelLink, StackError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let pop = |b: &Backlog| b.0.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
@@ -159,7 +160,7 @@ impl Stream for MemListener {
     }
 }
 
-impl Drop for MemListener {
+impl Drop for InProcessListener {
     fn drop(&mut self) {
         self.stack.table().remove(&self.name);
     }
@@ -179,7 +180,7 @@ mod tests {
 
     #[tokio::test]
     async fn connect_reaches_the_listener_by_name() {
-        let stack = MemStack::new();
+        let stack = InProcessStack::new();
         let mut listener = stack.listen(&name("echo")).await.unwrap();
         let mut client = stack.connect(&name("echo")).await.unwrap();
         let mut server = listener.next().await.unwrap().unwrap();
@@ -191,14 +192,14 @@ mod tests {
 
     #[tokio::test]
     async fn connecting_to_an_unknown_name_is_refused() {
-        let stack = MemStack::new();
+        let stack = InProcessStack::new();
         let err = stack.connect(&name("nobody")).await.err().unwrap();
         assert!(matches!(err, StackError::Refused(_)));
     }
 
     #[tokio::test]
     async fn a_name_has_one_listener_until_it_is_dropped() {
-        let stack = MemStack::new();
+        let stack = InProcessStack::new();
         let first = stack.listen(&name("x")).await.unwrap();
         assert!(matches!(
             stack.listen(&name("x")).await.err().unwrap(),
@@ -210,7 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn socket_locators_are_not_for_mem() {
-        let stack = MemStack::new();
+        let stack = InProcessStack::new();
         let err = stack
             .connect(&"127.0.0.1:1".parse().unwrap())
             .await

@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use uniplane_dataplane::{Message, Uid};
+use uniplane_frame::cable;
 use uniplane_frame::eth::MacAddr;
-use uniplane_frame::mem;
 use uniplane_smoltcp::{Host, HostConfig};
 
 fn msg(i: u32, len: usize) -> Message {
@@ -19,8 +19,8 @@ fn msg(i: u32, len: usize) -> Message {
     m
 }
 
-fn hosts() -> (Host<mem::MemDevice>, Host<mem::MemDevice>, Ipv4Addr) {
-    let (a, b) = mem::pair(MacAddr::local(1), MacAddr::local(2), 1500, 256).unwrap();
+fn hosts() -> (Host<cable::CableDevice>, Host<cable::CableDevice>, Ipv4Addr) {
+    let (a, b) = cable::pair(MacAddr::local(1), MacAddr::local(2), 1500, 256).unwrap();
     let ip_a = Ipv4Addr::new(192, 0, 2, 1);
     let ip_b = Ipv4Addr::new(192, 0, 2, 2);
     let ha = Host::spawn(

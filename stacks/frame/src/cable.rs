@@ -1,4 +1,4 @@
-//! Two devices joined in memory, frame for frame, for tests that need no
+//! A cable: two devices joined in memory, frame for frame, for tests that need no
 //! privileges. Buffers are allocated once per pair and move between the
 //! ends; each burst takes one lock and one eventfd write.
 
@@ -36,14 +36,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Receive side of a memory device.
-pub struct MemRx {
+pub struct CableRx {
     lane: Arc<Lane>,
     burst: VecDeque<Vec<u8>>,
     done: Vec<Vec<u8>>,
     stats: FrameStats,
 }
 
-impl RxQueue for MemRx {
+impl RxQueue for CableRx {
     fn ready(&self) -> usize {
         self.burst.len()
     }
@@ -73,7 +73,7 @@ impl RxQueue for MemRx {
 }
 
 /// Transmit side of a memory device.
-pub struct MemTx {
+pub struct CableTx {
     lane: Arc<Lane>,
     spare: Vec<Vec<u8>>,
     pushed: VecDeque<Vec<u8>>,
@@ -81,7 +81,7 @@ pub struct MemTx {
     stats: FrameStats,
 }
 
-impl TxQueue for MemTx {
+impl TxQueue for CableTx {
     fn frame_capacity(&self) -> usize {
         self.capacity
     }
@@ -143,9 +143,9 @@ impl TxQueue for MemTx {
 }
 
 /// One end of a memory pair.
-pub struct MemDevice {
-    rx: MemRx,
-    tx: MemTx,
+pub struct CableDevice {
+    rx: CableRx,
+    tx: CableTx,
     mac: MacAddr,
     mtu: usize,
 }
@@ -157,18 +157,18 @@ pub fn pair(
     b: MacAddr,
     mtu: usize,
     frames: usize,
-) -> io::Result<(MemDevice, MemDevice)> {
+) -> io::Result<(CableDevice, CableDevice)> {
     let size = eth::HEADER_LEN + mtu;
     let ab = Lane::new(frames, size)?;
     let ba = Lane::new(frames, size)?;
-    let end = |mac, rx: &Arc<Lane>, tx: &Arc<Lane>| MemDevice {
-        rx: MemRx {
+    let end = |mac, rx: &Arc<Lane>, tx: &Arc<Lane>| CableDevice {
+        rx: CableRx {
             lane: rx.clone(),
             burst: VecDeque::with_capacity(frames),
             done: Vec::with_capacity(frames),
             stats: FrameStats::default(),
         },
-        tx: MemTx {
+        tx: CableTx {
             lane: tx.clone(),
             spare: Vec::with_capacity(frames),
             pushed: VecDeque::with_capacity(frames),
@@ -181,11 +181,11 @@ pub fn pair(
     Ok((end(a, &ba, &ab), end(b, &ab, &ba)))
 }
 
-impl FrameDevice for MemDevice {
-    type Rx = MemRx;
-    type Tx = MemTx;
+impl FrameDevice for CableDevice {
+    type Rx = CableRx;
+    type Tx = CableTx;
 
-    fn queues(&mut self) -> (&mut MemRx, &mut MemTx) {
+    fn queues(&mut self) -> (&mut CableRx, &mut CableTx) {
         (&mut self.rx, &mut self.tx)
     }
 

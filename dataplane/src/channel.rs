@@ -1,5 +1,6 @@
-//! The in-memory link: two bounded lock-free queues between two tasks or
-//! threads of one process. Used by tests everywhere and by the `mem` stack.
+//! The channel link: two bounded lock-free queues between two tasks or
+//! threads of one process. Used by tests everywhere and by the in-process
+//! stack (`uniplane_stacks::inproc`, named `mem` in configurations).
 //!
 //! Each direction is a fixed-capacity queue allocated once; sending and
 //! receiving take no lock and allocate nothing. Wake-ups are batched: the
@@ -46,8 +47,8 @@ impl Channel {
     }
 }
 
-/// One end of an in-memory link.
-pub struct MemLink {
+/// One end of a channel link.
+pub struct ChannelLink {
     tx: Arc<Channel>,
     rx: Arc<Channel>,
     /// Messages received since the sender was last woken.
@@ -56,20 +57,20 @@ pub struct MemLink {
     unflushed: usize,
 }
 
-/// Two connected in-memory links, each direction holding at most
+/// Two connected channel links, each direction holding at most
 /// `capacity` messages.
-pub fn pair(capacity: usize) -> (MemLink, MemLink) {
+pub fn pair(capacity: usize) -> (ChannelLink, ChannelLink) {
     let a_to_b = Channel::new(capacity);
     let b_to_a = Channel::new(capacity);
     (
-        MemLink::new(a_to_b.clone(), b_to_a.clone()),
-        MemLink::new(b_to_a, a_to_b),
+        ChannelLink::new(a_to_b.clone(), b_to_a.clone()),
+        ChannelLink::new(b_to_a, a_to_b),
     )
 }
 
-impl MemLink {
+impl ChannelLink {
     fn new(tx: Arc<Channel>, rx: Arc<Channel>) -> Self {
-        MemLink {
+        ChannelLink {
             tx,
             rx,
             freed: 0,
@@ -122,7 +123,7 @@ impl MemLink {
     }
 }
 
-impl Stream for MemLink {
+impl Stream for ChannelLink {
     type Item = Result<Message, LinkError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -130,7 +131,7 @@ impl Stream for MemLink {
     }
 }
 
-impl Sink<Message> for MemLink {
+impl Sink<Message> for ChannelLink {
     type Error = LinkError;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
@@ -183,7 +184,7 @@ impl Sink<Message> for MemLink {
     }
 }
 
-impl Link for MemLink {
+impl Link for ChannelLink {
     fn poll_recv_batch(
         &mut self,
         cx: &mut Context<'_>,
@@ -243,7 +244,7 @@ impl Link for MemLink {
     }
 }
 
-impl Drop for MemLink {
+impl Drop for ChannelLink {
     fn drop(&mut self) {
         self.tx.tx_closed.store(true, Ordering::Release);
         self.tx.rx_waker.wake();
@@ -252,9 +253,9 @@ impl Drop for MemLink {
     }
 }
 
-impl std::fmt::Debug for MemLink {
+impl std::fmt::Debug for ChannelLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemLink")
+        f.debug_struct("ChannelLink")
             .field("capacity", &self.capacity())
             .field("in_flight", &self.in_flight())
             .finish()

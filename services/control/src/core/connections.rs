@@ -1,0 +1,234 @@
+//! Connection setup (local, remote through a peer, from a peer) and teardown.
+
+use super::*;
+
+impl Control {
+    /// Starts a connection from a local resource; `Ok` means the answer
+    /// comes later.
+    pub(super) fn connect(
+        &mut self,
+        session: SessionId,
+        request: RequestId,
+        key: ConnKey,
+        class: u8,
+    ) -> Result<(), ControlError> {
+        if !self.config.allows(key.src, key.dst, ReqType::Connect) {
+            return Err(ControlError::Denied(format!(
+                "policy denies {} → {}",
+                key.src, key.dst
+            )));
+        }
+        if self.canonical(key).is_some() || self.pending.contains_key(&key) {
+            return Err(ControlError::Exists);
+        }
+        if self.connections.len() + self.pending.len() >= self.config.limits.connections {
+            return Err(ControlError::Limit("connections"));
+        }
+        if key.dst.server() != self.config.server {
+            return self.connect_remote(session, request, key, class);
+        }
+        let dst = self
+            .resources
+            .get(&key.dst.device())
+            .ok_or_else(|| ControlError::Refused(format!("no resource {}", key.dst)))?;
+        if !dst.accepts(key.dst_port) {
+            return Err(ControlError::Refused(format!(
+                "nothing listens at {}/{}",
+                key.dst, key.dst_port
+            )));
+        }
+        let notify = dst.kind == ResourceKind::Process;
+        self.connections.insert(
+            key,
+            Connection {
+                key,
+                class,
+                peer: None,
+                since: self.now,
+            },
+        );
+        let mut then = Then {
+            undo: Undo::Connection(key),
+            fail: Some(request),
+            ..Then::nothing()
+        };
+        if notify {
+            then.ok.push(Action::Notice {
+                to: key.dst,
+                kind: ReqType::Connect,
+                conn: key.reversed(),
+                status: Status::Ok,
+            });
+        }
+        then.ok.push(Action::Answer {
+            request,
+            result: Ok(Reply::Connected(key)),
+        });
+        then.ok.push(Action::Opened {
+            conn: key,
+            remote: false,
+            setup: Duration::ZERO,
+        });
+        tracing::info!(src = %key.src, sport = key.src_port, dst = %key.dst, dport = key.dst_port, class, "connection open");
+        self.sync(then);
+        Ok(())
+    }
+
+    pub(super) fn connect_remote(
+        &mut self,
+        session: SessionId,
+        request: RequestId,
+        key: ConnKey,
+        class: u8,
+    ) -> Result<(), ControlError> {
+        let server = key.dst.server();
+        let waiting = self
+            .pending
+            .keys()
+            .filter(|k| k.dst.server() == server)
+            .count();
+        let peer = self
+            .peers
+            .get_mut(&server)
+            .ok_or_else(|| ControlError::NoRoute(format!("no peer server {server}")))?;
+        if !peer.alive() {
+            return Err(ControlError::PeerDown(format!(
+                "peer {server} is not reachable"
+            )));
+        }
+        if waiting >= self.config.limits.pending_per_peer {
+            return Err(ControlError::Limit("connections waiting for a peer"));
+        }
+        let deadline = self.now + self.config.verdict_timeout;
+        let stage = match peer.tunnels.get(&class) {
+            Some(Tunnel::Open(_)) => {
+                self.actions.push_back(Action::ToPeer {
+                    server,
+                    msg: PeerMsg::Connect { conn: key, class },
+                });
+                Stage::Verdict { deadline }
+            }
+            Some(Tunnel::Opening) => Stage::Tunnel { deadline },
+            None => {
+                peer.tunnels.insert(class, Tunnel::Opening);
+                self.actions.push_back(Action::OpenTunnel { server, class });
+                Stage::Tunnel { deadline }
+            }
+        };
+        self.pending.insert(
+            key,
+            Pending {
+                request,
+                session,
+                class,
+                started: self.now,
+                stage,
+            },
+        );
+        Ok(())
+    }
+
+    pub(super) fn peer_verdict(
+        &mut self,
+        server: Ipv4Addr,
+        key: ConnKey,
+        verdict: Result<(), String>,
+    ) {
+        let asked = self.pending.get(&key).is_some_and(|p| {
+            matches!(p.stage, Stage::Verdict { .. }) && key.dst.server() == server
+        });
+        if !asked {
+            if verdict.is_ok() {
+                // Too late, or never asked: the peer must not keep its end.
+                self.actions.push_back(Action::ToPeer {
+                    server,
+                    msg: PeerMsg::Close { conn: key },
+                });
+            }
+            return;
+        }
+        let Some(p) = self.pending.remove(&key) else {
+            return;
+        };
+        if let Err(why) = verdict {
+            self.answer(p.request, Err(ControlError::Refused(why)));
+            return;
+        }
+        if !self.sessions.contains_key(&p.session)
+            || !self.resources.contains_key(&key.src.device())
+        {
+            self.actions.push_back(Action::ToPeer {
+                server,
+                msg: PeerMsg::Close { conn: key },
+            });
+            return;
+        }
+        self.connections.insert(
+            key,
+            Connection {
+                key,
+                class: p.class,
+                peer: Some(server),
+                since: self.now,
+            },
+        );
+        let then = Then {
+            ok: vec![
+                Action::Answer {
+                    request: p.request,
+                    result: Ok(Reply::Connected(key)),
+                },
+                Action::Opened {
+                    conn: key,
+                    remote: true,
+                    setup: self.now.saturating_sub(p.started),
+                },
+            ],
+            undo: Undo::Connection(key),
+            fail: Some(p.request),
+            tunnel_ready: None,
+            repair: false,
+        };
+        tracing::info!(src = %key.src, dst = %key.dst, class = p.class, "remote connection open");
+        self.sync(then);
+    }
+
+    /// Removes a connection from the state and tells its local process
+    /// ends (and, when `tell_peer`, its peer) that it is gone.
+    pub(super) fn drop_connection(&mut self, key: ConnKey, status: Status, tell_peer: bool) {
+        let Some(conn) = self.connections.remove(&key) else {
+            return;
+        };
+        for end in [key.src, key.dst] {
+            if end.server() != self.config.server {
+                continue;
+            }
+            let Some(r) = self.resources.get(&end.device()) else {
+                continue;
+            };
+            if r.kind == ResourceKind::Process {
+                let kind = if status == Status::Closed {
+                    ReqType::Close
+                } else {
+                    ReqType::Notify
+                };
+                let conn = if end == key.src { key } else { key.reversed() };
+                self.actions.push_back(Action::Notice {
+                    to: end,
+                    kind,
+                    conn,
+                    status,
+                });
+            }
+        }
+        if tell_peer {
+            if let Some(server) = conn.peer {
+                self.actions.push_back(Action::ToPeer {
+                    server,
+                    msg: PeerMsg::Close { conn: key },
+                });
+            }
+        }
+        tracing::info!(src = %key.src, dst = %key.dst, ?status, "connection closed");
+    }
+}

@@ -1,0 +1,243 @@
+//! Peers: channels, heartbeats, failures, and the tunnels to them.
+
+use super::*;
+
+impl Control {
+    pub(super) fn peer_channel_up(&mut self, server: Ipv4Addr) {
+        if self.peers.get(&server).is_some_and(|p| p.channel) {
+            // A new channel replaces one we did not hear end.
+            self.take_peer_down(server, Status::PeerFailed);
+            self.sync(Then::nothing());
+        }
+        let now = self.now;
+        let Some(p) = self.peers.get_mut(&server) else {
+            return;
+        };
+        p.channel = true;
+        p.last_seen = now;
+        p.next_beat = Some(now);
+        if let std::collections::btree_map::Entry::Vacant(e) = p.tunnels.entry(0) {
+            e.insert(Tunnel::Opening);
+            self.actions
+                .push_back(Action::OpenTunnel { server, class: 0 });
+        }
+    }
+
+    pub(super) fn peer_message(&mut self, server: Ipv4Addr, msg: PeerMsg, request: RequestId) {
+        let now = self.now;
+        let Some(p) = self.peers.get_mut(&server) else {
+            if matches!(msg, PeerMsg::Connect { .. }) {
+                self.answer(
+                    request,
+                    Err(ControlError::Refused(format!("unknown peer {server}"))),
+                );
+            }
+            return;
+        };
+        p.last_seen = now;
+        match msg {
+            PeerMsg::Heartbeat => {}
+            PeerMsg::Close { conn } => {
+                if let Some(k) = self.canonical(conn) {
+                    if self.connections.get(&k).and_then(|c| c.peer) == Some(server) {
+                        self.drop_connection(k, Status::Closed, false);
+                        self.sync(Then::nothing());
+                    }
+                }
+            }
+            PeerMsg::Connect { conn, class } => {
+                if let Err(e) = self.admit_from_peer(server, conn, class, request) {
+                    self.answer(request, Err(e));
+                }
+            }
+        }
+    }
+
+    /// A peer asks to connect one of its resources to one of ours.
+    pub(super) fn admit_from_peer(
+        &mut self,
+        from: Ipv4Addr,
+        key: ConnKey,
+        class: u8,
+        request: RequestId,
+    ) -> Result<(), ControlError> {
+        if key.src.server() != from || key.dst.server() != self.config.server {
+            return Err(ControlError::Refused(
+                "connection does not join the two servers".into(),
+            ));
+        }
+        if !self.peers.get(&from).is_some_and(Peer::alive) {
+            // Its traffic could not come back, nor would its end be torn
+            // down with the peer.
+            return Err(ControlError::PeerDown(format!(
+                "no channel from here to {from} yet"
+            )));
+        }
+        if !self.config.allows(key.src, key.dst, ReqType::Connect) {
+            return Err(ControlError::Refused(format!(
+                "policy denies {} → {}",
+                key.src, key.dst
+            )));
+        }
+        if self.connections.contains_key(&key) {
+            // Asked again (its answer was lost): admitted already.
+            self.answer(request, Ok(Reply::Done));
+            return Ok(());
+        }
+        if self.canonical(key).is_some() {
+            return Err(ControlError::Exists);
+        }
+        if self.connections.len() + self.pending.len() >= self.config.limits.connections {
+            return Err(ControlError::Limit("connections"));
+        }
+        let dst = self
+            .resources
+            .get(&key.dst.device())
+            .ok_or_else(|| ControlError::Refused(format!("no resource {}", key.dst)))?;
+        if !dst.accepts(key.dst_port) {
+            return Err(ControlError::Refused(format!(
+                "nothing listens at {}/{}",
+                key.dst, key.dst_port
+            )));
+        }
+        let notify = dst.kind == ResourceKind::Process;
+        self.connections.insert(
+            key,
+            Connection {
+                key,
+                class,
+                peer: Some(from),
+                since: self.now,
+            },
+        );
+        let mut then = Then {
+            undo: Undo::Connection(key),
+            fail: Some(request),
+            ..Then::nothing()
+        };
+        if notify {
+            then.ok.push(Action::Notice {
+                to: key.dst,
+                kind: ReqType::Connect,
+                conn: key.reversed(),
+                status: Status::Ok,
+            });
+        }
+        then.ok.push(Action::Answer {
+            request,
+            result: Ok(Reply::Done),
+        });
+        self.sync(then);
+        Ok(())
+    }
+
+    /// Takes a peer down in the state: its tunnels go, every connection
+    /// through it is closed with `status` and its owner told, and
+    /// connections waiting for it fail. The caller syncs.
+    pub(super) fn take_peer_down(&mut self, server: Ipv4Addr, status: Status) {
+        let Some(p) = self.peers.get_mut(&server) else {
+            return;
+        };
+        if p.alive() || p.tunnel(0).is_some() {
+            p.failures += 1;
+            tracing::warn!(%server, "peer down");
+        }
+        p.channel = false;
+        p.next_beat = None;
+        p.tunnels.clear();
+        let affected: Vec<ConnKey> = self
+            .connections
+            .values()
+            .filter(|c| c.peer == Some(server))
+            .map(|c| c.key)
+            .collect();
+        for c in affected {
+            self.drop_connection(c, status, false);
+        }
+        self.fail_pending(server, None);
+    }
+
+    /// Fails connections to `server` waiting for a verdict or a tunnel
+    /// (only those of `class` when given).
+    pub(super) fn fail_pending(&mut self, server: Ipv4Addr, class: Option<u8>) {
+        let failed: Vec<ConnKey> = self
+            .pending
+            .iter()
+            .filter(|(k, p)| k.dst.server() == server && class.is_none_or(|c| c == p.class))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in failed {
+            if let Some(p) = self.pending.remove(&key) {
+                self.answer(
+                    p.request,
+                    Err(ControlError::PeerDown(format!(
+                        "tunnel of class {} to {server} is down",
+                        p.class
+                    ))),
+                );
+            }
+        }
+    }
+
+    pub(super) fn tunnel_opened(&mut self, server: Ipv4Addr, class: u8) {
+        let wanted = self
+            .peers
+            .get(&server)
+            .is_some_and(|p| p.channel && p.tunnels.get(&class) == Some(&Tunnel::Opening));
+        if !wanted {
+            self.actions
+                .push_back(Action::CloseTunnel { server, class });
+            return;
+        }
+        let mtu = self.peers[&server].spec.tunnel_mtu;
+        let spec = PortSpec::tunnel(&format!("tunnel-{server}-class{class}"), class, mtu);
+        self.start_attach(
+            vec![PlaneOp::Attach(spec)],
+            vec![Attaching::TunnelOut { server, class }],
+        );
+    }
+
+    pub(super) fn tunnel_failed(&mut self, server: Ipv4Addr, class: u8) {
+        let Some(p) = self.peers.get_mut(&server) else {
+            return;
+        };
+        if p.tunnels.remove(&class).is_none() {
+            return;
+        }
+        if class == 0 {
+            p.tunnels.insert(0, Tunnel::Opening);
+            self.take_peer_down(server, Status::PeerFailed);
+            self.actions.push_back(Action::ClosePeerChannel { server });
+        } else {
+            let affected: Vec<ConnKey> = self
+                .connections
+                .values()
+                .filter(|c| c.peer == Some(server) && c.class == class)
+                .map(|c| c.key)
+                .collect();
+            for c in affected {
+                self.drop_connection(c, Status::PeerFailed, true);
+            }
+            self.fail_pending(server, Some(class));
+        }
+        self.sync(Then::nothing());
+    }
+
+    /// Connections waiting for the tunnel of `class` to `server` ask the
+    /// peer now.
+    pub(super) fn tunnel_ready(&mut self, server: Ipv4Addr, class: u8) {
+        let deadline = self.now + self.config.verdict_timeout;
+        for (key, p) in self.pending.iter_mut() {
+            if key.dst.server() == server
+                && p.class == class
+                && matches!(p.stage, Stage::Tunnel { .. })
+            {
+                p.stage = Stage::Verdict { deadline };
+                self.actions.push_back(Action::ToPeer {
+                    server,
+                    msg: PeerMsg::Connect { conn: *key, class },
+                });
+            }
+        }
+    }
+}

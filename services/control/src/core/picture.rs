@@ -1,0 +1,170 @@
+//! What the plane must hold for the state, and the connectionless rules.
+
+use super::*;
+
+impl Control {
+    /// Everything the plane must hold for the current state.
+    pub fn picture(&self) -> PlaneImage {
+        let mut img = PlaneImage::default();
+        let local: Vec<Route> = self
+            .resources
+            .values()
+            .map(|r| Route::exact(r.uid, r.port))
+            .collect();
+        let servers: Vec<Route> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.alive())
+            .filter_map(|(s, p)| Some(Route::server(*s, p.tunnel(0)?)))
+            .collect();
+        for r in self.resources.values() {
+            let mut port = PortImage::default();
+            for route in local.iter().chain(&servers) {
+                port.route(*route);
+            }
+            for mh in &self.config.routes {
+                let via = self.resources.values().find(|x| x.name == mh.via);
+                let Some(via) = via.map(|v| v.port) else {
+                    continue;
+                };
+                if r.port != via
+                    && r.kind != ResourceKind::Daemon
+                    && (mh.from == "*" || mh.from == r.name)
+                {
+                    port.route(Route {
+                        key: mh.to.key,
+                        mask: mh.to.mask,
+                        priority: 10,
+                        port: via,
+                    });
+                }
+            }
+            let trusted = matches!(
+                r.kind,
+                ResourceKind::Daemon | ResourceKind::Device { relay: true, .. }
+            );
+            if trusted {
+                port.rules.push(AclRule::ALLOW_ALL);
+            }
+            port.rules.extend(self.connectionless.iter().copied());
+            img.ports.insert(r.port, port);
+        }
+        for t in self.inbound.values() {
+            let mut port = PortImage::default();
+            for route in &local {
+                port.route(*route);
+            }
+            port.rules.extend(self.connectionless.iter().copied());
+            img.ports.insert(t.port, port);
+        }
+        for p in self.peers.values() {
+            for t in p.tunnels.values() {
+                if let Tunnel::Open(id) = t {
+                    let mut port = PortImage::default();
+                    port.rules.push(AclRule::ALLOW_ALL);
+                    img.ports.insert(*id, port);
+                }
+            }
+        }
+        for c in self.connections.values() {
+            for end in [c.key.src, c.key.dst] {
+                if end.server() != self.config.server {
+                    continue;
+                }
+                if let Some(r) = self.resources.get(&end.device()) {
+                    if let Some(port) = img.ports.get_mut(&r.port) {
+                        port.allows.insert(c.key);
+                    }
+                }
+            }
+            let Some(server) = c.peer else {
+                continue;
+            };
+            for t in self.inbound.values().filter(|t| t.from == server) {
+                if let Some(port) = img.ports.get_mut(&t.port) {
+                    port.allows.insert(c.key);
+                }
+            }
+            // A configured multi-hop route decides the path itself
+            // (through its relay, then the server route); otherwise the
+            // translator steers the connection into its class's tunnel.
+            let ours = c.key.src.server() == self.config.server;
+            if ours && !self.multi_hop_covers(c.key) {
+                if let Some(t) = self.peers.get(&server).and_then(|p| p.tunnel(c.class)) {
+                    img.translations.insert(c.key, t);
+                }
+            }
+        }
+        img
+    }
+
+    /// Whether a configured multi-hop route carries `key`'s traffic.
+    pub(super) fn multi_hop_covers(&self, key: ConnKey) -> bool {
+        let src_name = self
+            .resources
+            .get(&key.src.device())
+            .map(|r| r.name.as_str());
+        self.config
+            .routes
+            .iter()
+            .any(|r| r.to.matches(key.dst) && (r.from == "*" || src_name == Some(r.from.as_str())))
+    }
+}
+
+/// Access rules every port gets: answers flow back, and one-sided
+/// requests follow the configured policy.
+pub(super) fn connectionless_rules(config: &ControlConfig) -> Vec<AclRule> {
+    let answers = ReqType::ALL.iter().copied().filter(|t| {
+        t.is_answer() && !matches!(t, ReqType::Accept | ReqType::Notify | ReqType::Close)
+    });
+    let mut rules = vec![AclRule {
+        types: TypeSet::of(&answers.collect::<Vec<_>>()),
+        ..AclRule::ALLOW_ALL
+    }];
+    let one_sided = [
+        ReqType::Write,
+        ReqType::Read,
+        ReqType::Flush,
+        ReqType::Copy,
+        ReqType::CopyWrite,
+    ];
+    for r in &config.rules {
+        let types: Vec<ReqType> = match &r.types {
+            Some(t) => t
+                .iter()
+                .copied()
+                .filter(|t| one_sided.contains(t))
+                .collect(),
+            None => one_sided.to_vec(),
+        };
+        rules.push(AclRule {
+            src: r.src.key,
+            src_mask: r.src.mask,
+            dst: r.dst.key,
+            dst_mask: r.dst.mask,
+            types: TypeSet::of(&types),
+            allow: r.allow,
+        });
+    }
+    let all_one_sided = TypeSet::of(&one_sided);
+    match config.default_action {
+        DefaultAction::Allow => rules.push(AclRule {
+            types: all_one_sided,
+            ..AclRule::ALLOW_ALL
+        }),
+        DefaultAction::AllowLocal => {
+            let here = Uid::new(config.server, 0);
+            let server_mask = Uid::MASK & !0xffff;
+            rules.push(AclRule {
+                src: here,
+                src_mask: server_mask,
+                dst: here,
+                dst_mask: server_mask,
+                types: all_one_sided,
+                allow: true,
+            });
+        }
+        DefaultAction::Deny => {}
+    }
+    rules
+}

@@ -1,0 +1,554 @@
+//! The control core's rules between servers — verdicts, timeouts,
+//! heartbeats, failures, tunnels — one behaviour per test, on virtual time
+//! against a model plane.
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::*;
+use uniplane_control::*;
+use uniplane_dataplane::wire::{ReqType, Status};
+use uniplane_overlay::acl::ConnKey;
+use uniplane_overlay::table::Route;
+
+const A: SessionId = 1;
+
+fn connected(r: Result<Reply, ControlError>) -> ConnKey {
+    match r {
+        Ok(Reply::Connected(k)) => k,
+        other => panic!("not connected: {other:?}"),
+    }
+}
+
+#[test]
+fn a_remote_connection_is_installed_only_after_the_peers_verdict() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let client = h.attach(A, "client");
+    let dst = uid("10.0.0.2:5");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst,
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    assert!(h.answer(req).is_none(), "waits for the peer");
+    let asked = h.sent_to_peer();
+    let key = match asked.as_slice() {
+        [(s, PeerMsg::Connect { conn, class: 0 })] if *s == PEER => *conn,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key.src, client);
+    h.check();
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn: key,
+        verdict: Ok(()),
+    });
+    assert_eq!(connected(h.answer(req).expect("answered")), key);
+    let tunnel = h.core.peers()[0].tunnels[0].1;
+    assert_eq!(h.plane.translations.get(&key), Some(&tunnel));
+    h.check();
+}
+
+#[test]
+fn a_peers_refusal_is_the_callers_refusal() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
+        panic!()
+    };
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Err("nothing listens".into()),
+    });
+    assert_eq!(
+        h.answer(req),
+        Some(Err(ControlError::Refused("nothing listens".into())))
+    );
+    h.check();
+}
+
+#[test]
+fn a_peer_that_does_not_answer_in_time_times_out_and_is_told_to_let_go() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
+        panic!()
+    };
+    // Keep the peer alive while we wait.
+    for _ in 0..50 {
+        h.advance(Duration::from_millis(45));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+        if h.answer(req).is_some() {
+            panic!("answered early");
+        }
+        if h.now >= h.core.config().verdict_timeout - Duration::from_millis(50) {
+            break;
+        }
+    }
+    h.advance(Duration::from_millis(100));
+    let a = h.answer(req).expect("timed out");
+    assert_eq!(a.unwrap_err().kind(), "timeout");
+    assert!(h.sent_to_peer().contains(&(PEER, PeerMsg::Close { conn })));
+    // A verdict after the timeout is told to let go too.
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Ok(()),
+    });
+    assert_eq!(h.sent_to_peer(), vec![(PEER, PeerMsg::Close { conn })]);
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn a_connection_to_a_peer_that_is_down_or_unknown_fails_at_once() {
+    let mut h = Harness::new(config());
+    h.attach(A, "client");
+    let r = h.connect(A, uid("10.0.0.2:5"), 9);
+    assert_eq!(r.unwrap_err().kind(), "peer-down");
+    let r = h.connect(A, uid("10.0.0.9:5"), 9);
+    assert_eq!(r.unwrap_err().kind(), "no-route");
+}
+
+#[test]
+fn heartbeats_go_to_each_live_channel_every_interval() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    for _ in 0..20 {
+        h.advance(Duration::from_millis(10));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+    }
+    let beats = h
+        .sent_to_peer()
+        .iter()
+        .filter(|(s, m)| *s == PEER && *m == PeerMsg::Heartbeat)
+        .count();
+    // At 0, 50, 100, 150 and 200 ms.
+    assert_eq!(beats, 5);
+}
+
+#[test]
+fn a_silent_peer_is_declared_failed_within_misses_heartbeats_and_owners_told() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let client = h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
+        panic!()
+    };
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Ok(()),
+    });
+    connected(h.answer(req).unwrap());
+    let last_heard = h.now;
+    let limit = h.core.config().failure_after();
+    h.advance(limit - Duration::from_millis(1));
+    assert!(h.core.peers()[0].alive, "not before the limit");
+    h.advance(Duration::from_millis(1));
+    assert!(
+        !h.core.peers()[0].alive,
+        "failed at {:?}",
+        h.now - last_heard
+    );
+    assert_eq!(h.core.peers()[0].failures, 1);
+    assert_eq!(
+        h.notices(),
+        vec![(client, ReqType::Notify, conn, Status::PeerFailed)]
+    );
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::ClosePeerChannel { server } if *server == PEER)));
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn routes_to_a_peer_come_with_it_and_go_with_it() {
+    let mut h = Harness::new(config());
+    let server_route = |h: &Harness| {
+        let r = Route::server(PEER, 0);
+        h.plane
+            .ports
+            .values()
+            .filter(|p| p.routes.contains_key(&(r.key.to_u64(), r.mask)))
+            .count()
+    };
+    assert_eq!(server_route(&h), 0);
+    h.peer_up(PEER);
+    assert_eq!(server_route(&h), 3, "at every resource port");
+    h.check();
+    h.attach(A, "late");
+    assert_eq!(server_route(&h), 4, "and at a resource registered later");
+    h.event(Event::PeerChannelDown { server: PEER });
+    assert_eq!(server_route(&h), 0);
+    assert!(h.core.peers()[0].tunnels.is_empty());
+    h.check();
+    // It comes back.
+    h.peer_up(PEER);
+    assert_eq!(server_route(&h), 4);
+    h.check();
+}
+
+#[test]
+fn a_class_tunnel_opens_on_first_use_and_is_shared() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.out.clear();
+    h.attach(A, "client");
+    let ask = |h: &mut Harness, port| {
+        h.request(
+            A,
+            ClientRequest::Connect {
+                src_port: port,
+                dst: uid("10.0.0.2:5"),
+                dst_port: 9,
+                class: 3,
+            },
+        )
+    };
+    let r1 = ask(&mut h, 1000);
+    let r2 = ask(&mut h, 1001);
+    let opens = h
+        .out
+        .iter()
+        .filter(|a| matches!(a, Action::OpenTunnel { class: 3, .. }))
+        .count();
+    assert_eq!(opens, 1);
+    assert!(
+        h.sent_to_peer().is_empty(),
+        "the peer is asked once the tunnel is up"
+    );
+    h.event(Event::TunnelOpened {
+        server: PEER,
+        class: 3,
+    });
+    let asked = h.sent_to_peer();
+    assert_eq!(asked.len(), 2);
+    for (_, m) in asked {
+        let PeerMsg::Connect { conn, class: 3 } = m else {
+            panic!()
+        };
+        h.event(Event::PeerVerdict {
+            server: PEER,
+            conn,
+            verdict: Ok(()),
+        });
+    }
+    let k1 = connected(h.answer(r1).unwrap());
+    let k2 = connected(h.answer(r2).unwrap());
+    assert_eq!(h.plane.translations[&k1], h.plane.translations[&k2]);
+    h.check();
+    // The class tunnel fails: its connections end, class 0 stays.
+    h.event(Event::TunnelFailed {
+        server: PEER,
+        class: 3,
+    });
+    assert_eq!(h.core.connections().count(), 0);
+    assert!(h.core.peers()[0].alive);
+    h.check();
+}
+
+#[test]
+fn waiting_for_a_peer_is_bounded() {
+    let mut c = config();
+    c.limits.pending_per_peer = 2;
+    let mut h = Harness::new(c);
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    for p in 1..=2 {
+        h.request(
+            A,
+            ClientRequest::Connect {
+                src_port: p,
+                dst: uid("10.0.0.2:5"),
+                dst_port: 9,
+                class: 0,
+            },
+        );
+    }
+    let r = h.ask(
+        A,
+        ClientRequest::Connect {
+            src_port: 3,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    assert_eq!(
+        r,
+        Err(ControlError::Limit("connections waiting for a peer"))
+    );
+}
+
+#[test]
+fn a_peer_may_connect_to_a_listening_resource_and_is_refused_otherwise() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let server = h.attach(A, "server");
+    h.listen(A, 80);
+    let key = ConnKey {
+        src: uid("10.0.0.2:4"),
+        src_port: 5000,
+        dst: server,
+        dst_port: 80,
+    };
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: key,
+            class: 0,
+        },
+        request: 900,
+    });
+    assert_eq!(h.answer(900), Some(Ok(Reply::Done)));
+    assert_eq!(
+        h.notices(),
+        vec![(server, ReqType::Connect, key.reversed(), Status::Ok)]
+    );
+    h.check();
+    let mut wrong = key;
+    wrong.dst_port = 81;
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: wrong,
+            class: 0,
+        },
+        request: 901,
+    });
+    assert_eq!(h.answer(901).unwrap().unwrap_err().kind(), "refused");
+    // A connection that does not start at the asking peer is refused.
+    let mut forged = key;
+    forged.src = uid("10.0.0.3:4");
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: forged,
+            class: 0,
+        },
+        request: 902,
+    });
+    assert_eq!(h.answer(902).unwrap().unwrap_err().kind(), "refused");
+    // The peer closes its connection: our end is told.
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Close { conn: key },
+        request: 0,
+    });
+    assert_eq!(
+        h.notices(),
+        vec![(server, ReqType::Close, key.reversed(), Status::Closed)]
+    );
+    assert!(h
+        .sent_to_peer()
+        .iter()
+        .all(|(_, m)| !matches!(m, PeerMsg::Close { .. })));
+    h.check();
+}
+
+#[test]
+fn an_inbound_tunnel_from_a_known_peer_gets_routes_and_its_connections() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let server = h.attach(A, "server");
+    h.listen(A, 80);
+    let key = ConnKey {
+        src: uid("10.0.0.2:4"),
+        src_port: 5000,
+        dst: server,
+        dst_port: 80,
+    };
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: key,
+            class: 0,
+        },
+        request: 900,
+    });
+    h.event(Event::InboundTunnel {
+        tunnel: 7,
+        from: PEER,
+        class: 0,
+        mtu: 1400,
+    });
+    let t = h.core.inbound_tunnels()[0];
+    assert_eq!((t.tunnel, t.from), (7, PEER));
+    assert!(h.plane.ports[&t.port].allows.contains(&key));
+    h.check();
+    h.event(Event::InboundTunnel {
+        tunnel: 8,
+        from: uid("10.0.0.9:0").server(),
+        class: 0,
+        mtu: 1400,
+    });
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::DropTunnel { tunnel: 8 })));
+    // A second tunnel of the same class replaces the first.
+    h.event(Event::InboundTunnel {
+        tunnel: 9,
+        from: PEER,
+        class: 0,
+        mtu: 1400,
+    });
+    assert_eq!(h.core.inbound_tunnels().len(), 1);
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::DropTunnel { tunnel: 7 })));
+    h.check();
+    h.event(Event::InboundTunnelEnded { tunnel: 9 });
+    assert!(h.core.inbound_tunnels().is_empty());
+    h.check();
+}
+
+#[test]
+fn multi_hop_routes_point_every_source_but_the_relay_at_it_and_skip_translation() {
+    let mut c = config();
+    c.routes.push(MultiHopRoute {
+        from: "*".into(),
+        via: "relay".into(),
+        to: UidMatch {
+            key: uid("10.0.0.2:0"),
+            mask: u64::MAX >> 16 & !0xffff,
+        },
+    });
+    let mut h = Harness::new(c);
+    h.peer_up(PEER);
+    let client = h.attach(A, "client");
+    let relay_port = h.core.resource(2).unwrap().port;
+    let key = (uid("10.0.0.2:0").to_u64(), u64::MAX >> 16 & !0xffff);
+    for r in h.core.resources() {
+        let via = h.plane.ports[&r.port].routes.get(&key).copied();
+        match r.kind {
+            ResourceKind::Daemon => assert_ne!(via, Some(relay_port)),
+            _ if r.port == relay_port => assert_ne!(via, Some(relay_port)),
+            _ => assert_eq!(via, Some(relay_port), "{}", r.name),
+        }
+    }
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
+        panic!()
+    };
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn,
+        verdict: Ok(()),
+    });
+    assert_eq!(connected(h.answer(req).unwrap()).src, client);
+    assert!(h.plane.translations.is_empty(), "the relay route decides");
+    h.check();
+}
+
+#[test]
+fn a_peer_is_not_admitted_before_our_channel_to_it_is_up() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.listen(A, 80);
+    let key = ConnKey {
+        src: uid("10.0.0.2:4"),
+        src_port: 5000,
+        dst: server,
+        dst_port: 80,
+    };
+    h.event(Event::PeerMessage {
+        server: PEER,
+        msg: PeerMsg::Connect {
+            conn: key,
+            class: 0,
+        },
+        request: 900,
+    });
+    assert_eq!(h.answer(900).unwrap().unwrap_err().kind(), "peer-down");
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn a_class_tunnel_that_never_opens_times_the_connect_out() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class: 4,
+        },
+    );
+    let timeout = h.core.config().verdict_timeout;
+    for _ in 0..100 {
+        h.advance(Duration::from_millis(40));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+        if h.now > timeout {
+            break;
+        }
+    }
+    let a = h.answer(req).expect("answered");
+    assert_eq!(a.unwrap_err().kind(), "timeout");
+    assert!(h.core.pending_connections().next().is_none());
+    h.check();
+}

@@ -1,0 +1,303 @@
+//! The control core's rules on one server — registry, admission, teardown,
+//! bounds, plane refusals — one behaviour per test, on virtual time against
+//! a model plane.
+
+mod harness;
+
+use harness::*;
+use uniplane_control::*;
+use uniplane_dataplane::wire::{ReqType, Status};
+use uniplane_overlay::acl::ConnKey;
+use uniplane_overlay::PlaneError;
+
+const A: SessionId = 1;
+const B: SessionId = 2;
+
+fn connected(r: Result<Reply, ControlError>) -> ConnKey {
+    match r {
+        Ok(Reply::Connected(k)) => k,
+        other => panic!("not connected: {other:?}"),
+    }
+}
+
+#[test]
+fn start_registers_the_daemon_and_devices_with_routes_between_all() {
+    let h = Harness::new(config());
+    let names: Vec<(u16, String)> = h
+        .core
+        .resources()
+        .map(|r| (r.uid.device(), r.name.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (0, "daemon".into()),
+            (1, "echo".into()),
+            (2, "relay".into())
+        ]
+    );
+    assert!(h.out.iter().any(|a| matches!(
+        a,
+        Action::PortReady {
+            usage: PortUse::Daemon,
+            ..
+        }
+    )));
+    h.check();
+}
+
+#[test]
+fn a_local_connection_the_policy_allows_is_admitted_and_the_listener_told() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    assert_eq!((key.src, key.dst, key.dst_port), (client, server, 80));
+    assert_eq!(
+        h.notices(),
+        vec![(server, ReqType::Connect, key.reversed(), Status::Ok)]
+    );
+    assert_eq!(h.core.connections().count(), 1);
+    h.check();
+}
+
+#[test]
+fn a_connection_the_policy_denies_is_refused_and_installs_nothing() {
+    let mut c = config();
+    c.rules.push(AccessRule {
+        src: UidMatch::ANY,
+        dst: UidMatch {
+            key: uid("10.0.0.1:1"),
+            mask: u64::MAX >> 16,
+        },
+        types: Some(vec![ReqType::Connect]),
+        allow: false,
+    });
+    let mut h = Harness::new(c);
+    h.attach(A, "client");
+    let r = h.connect(A, uid("10.0.0.1:1"), 7);
+    assert!(matches!(r, Err(ControlError::Denied(_))), "{r:?}");
+    assert_eq!(r.unwrap_err().kind(), "denied");
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn a_connection_to_a_port_nothing_listens_on_is_refused() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.attach(B, "client");
+    h.listen(A, 80);
+    let r = h.connect(B, server, 81);
+    assert_eq!(r.unwrap_err().kind(), "refused");
+    let r = h.connect(B, uid("10.0.0.1:77"), 81);
+    assert_eq!(r.unwrap_err().kind(), "refused");
+    assert!(h.notices().is_empty());
+    h.check();
+}
+
+#[test]
+fn devices_accept_on_every_port_and_get_no_notice() {
+    let mut h = Harness::new(config());
+    h.attach(A, "client");
+    connected(h.connect(A, uid("10.0.0.1:1"), 4242));
+    assert!(h.notices().is_empty());
+    h.check();
+}
+
+#[test]
+fn requests_before_attach_are_answered_not_attached() {
+    let mut h = Harness::new(config());
+    assert_eq!(
+        h.ask(A, ClientRequest::Listen { port: 1 }),
+        Err(ControlError::NotAttached)
+    );
+    assert_eq!(
+        h.connect(A, uid("10.0.0.1:1"), 1),
+        Err(ControlError::NotAttached)
+    );
+    h.attach(A, "x");
+    let again = h.ask(A, ClientRequest::Attach { name: "y".into() });
+    assert_eq!(again.unwrap_err().kind(), "bad-request");
+}
+
+#[test]
+fn closing_a_connection_tells_both_local_ends_and_removes_its_entries() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    h.notices();
+    // Either direction names it; only its ends may close it.
+    assert_eq!(
+        h.ask(
+            A,
+            ClientRequest::Close {
+                conn: key.reversed()
+            }
+        ),
+        Ok(Reply::Done)
+    );
+    let mut notices = h.notices();
+    notices.sort_by_key(|n| n.0);
+    let mut want = vec![
+        (client, ReqType::Close, key, Status::Closed),
+        (server, ReqType::Close, key.reversed(), Status::Closed),
+    ];
+    want.sort_by_key(|n| n.0);
+    assert_eq!(notices, want);
+    assert_eq!(h.core.connections().count(), 0);
+    let again = h.ask(A, ClientRequest::Close { conn: key });
+    assert_eq!(again.unwrap_err().kind(), "not-found");
+    h.check();
+}
+
+#[test]
+fn only_an_end_may_close_a_connection() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.attach(B, "client");
+    h.attach(3, "stranger");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    let r = h.ask(3, ClientRequest::Close { conn: key });
+    assert_eq!(r.unwrap_err().kind(), "denied");
+    assert_eq!(h.core.connections().count(), 1);
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_resource_routes_and_connections() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    h.notices();
+    let ports_before = h.plane.ports.len();
+    h.event(Event::ClientClosed { session: A });
+    assert!(h.core.resource(server.device()).is_none());
+    assert_eq!(h.core.connections().count(), 0);
+    assert_eq!(
+        h.notices(),
+        vec![(client, ReqType::Close, key, Status::Closed)]
+    );
+    assert_eq!(h.plane.ports.len(), ports_before - 1);
+    for port in h.plane.ports.values() {
+        assert!(!port.routes.contains_key(&(
+            server.to_u64(),
+            uid("0.0.0.0:0").to_u64() | (u64::MAX >> 16)
+        )));
+    }
+    assert!(h.out.iter().any(|a| matches!(a, Action::PortGone { .. })));
+    h.check();
+}
+
+#[test]
+fn the_plane_refusing_a_route_fails_the_attach_and_rolls_it_back() {
+    let mut h = Harness::new(config());
+    let before: Vec<u16> = h.core.resources().map(|r| r.uid.device()).collect();
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::AddRoute(..)));
+    let r = h.ask(A, ClientRequest::Attach { name: "x".into() });
+    assert!(
+        matches!(r, Err(ControlError::Plane(PlaneError::Table(_)))),
+        "{r:?}"
+    );
+    assert_eq!(r.unwrap_err().kind(), "engine");
+    let after: Vec<u16> = h.core.resources().map(|r| r.uid.device()).collect();
+    assert_eq!(before, after, "the resource is gone again");
+    assert_eq!(h.plane.refused, 1);
+    h.check();
+    // The session may try again.
+    h.attach(A, "x");
+    h.check();
+}
+
+#[test]
+fn the_plane_refusing_an_admission_fails_the_connect_and_rolls_it_back() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    h.attach(B, "client");
+    h.listen(A, 80);
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::Allow(..)));
+    let r = h.connect(B, server, 80);
+    assert_eq!(r.unwrap_err().kind(), "engine");
+    assert_eq!(h.core.connections().count(), 0);
+    assert!(h.notices().is_empty(), "the listener never heard of it");
+    h.check();
+}
+
+#[test]
+fn a_plane_out_of_ports_fails_the_attach_with_a_resources_error() {
+    let mut h = Harness::new(config());
+    h.plane.max_ports = h.plane.ports.len();
+    let r = h.ask(A, ClientRequest::Attach { name: "x".into() });
+    assert_eq!(r.unwrap_err().kind(), "resources");
+    h.check();
+}
+
+#[test]
+fn resources_connections_and_listening_ports_are_bounded() {
+    let mut c = config();
+    c.limits.resources = 4;
+    c.limits.connections = 1;
+    c.limits.listening_per_resource = 1;
+    let mut h = Harness::new(c);
+    let server = h.attach(A, "server");
+    let r = h.ask(B, ClientRequest::Attach { name: "x".into() });
+    assert_eq!(r, Err(ControlError::Limit("resources")));
+    h.listen(A, 80);
+    let r = h.ask(A, ClientRequest::Listen { port: 81 });
+    assert_eq!(r.unwrap_err().kind(), "limit");
+    connected(h.connect(A, server, 80));
+    let r = h.connect(A, server, 80);
+    assert_eq!(r.unwrap_err().kind(), "limit");
+    h.check();
+}
+
+#[test]
+fn events_wait_while_a_batch_is_in_flight_and_run_in_order() {
+    let mut h = Harness::new(config());
+    h.hold = true;
+    let r1 = h.request(A, ClientRequest::Attach { name: "a".into() });
+    let r2 = h.request(A, ClientRequest::Listen { port: 80 });
+    assert!(h.answer(r1).is_none() && h.answer(r2).is_none());
+    assert_eq!(h.held.len(), 1, "one batch at a time");
+    assert_eq!(h.core.poll_timeout(), None);
+    h.release();
+    assert!(matches!(h.answer(r1), Some(Ok(Reply::Attached { .. }))));
+    assert_eq!(h.answer(r2), Some(Ok(Reply::Port(80))));
+    h.check();
+}
+
+#[test]
+fn a_policy_is_set_through_the_plane_and_an_unknown_device_is_not_found() {
+    let mut h = Harness::new(config());
+    let r = h.ask(
+        A,
+        ClientRequest::SetPolicy {
+            device: 1,
+            policy: uniplane_dataplane::sched::Policy::RoundRobin,
+        },
+    );
+    assert_eq!(r, Ok(Reply::Done));
+    let r = h.ask(
+        A,
+        ClientRequest::SetPolicy {
+            device: 99,
+            policy: uniplane_dataplane::sched::Policy::RoundRobin,
+        },
+    );
+    assert_eq!(r.unwrap_err().kind(), "not-found");
+}
+
+#[test]
+fn a_refused_removal_is_retried_and_never_leaves_a_route_to_a_gone_port() {
+    let mut h = Harness::new(config());
+    let gone = h.attach(A, "gone");
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::RemoveRoute(..)));
+    h.event(Event::ClientClosed { session: A });
+    assert!(h.core.resource(gone.device()).is_none());
+    h.check();
+}

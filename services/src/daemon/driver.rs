@@ -1,0 +1,443 @@
+//! The one task that owns the control core: it feeds the core what the I/O
+//! tasks report, wakes it on its timeouts, and carries out its actions.
+//! Nothing here waits on I/O: plane batches, tunnel opening and bridges
+//! run as their own tasks and report back as inputs.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use uniplane_control::{
+    Action, ClientRequest, Control, ControlConfig, ControlError, Event, OpResult, PeerMsg, PortUse,
+    Reply, RequestId, TunnelId,
+};
+use uniplane_dataplane::ring::RingLink;
+use uniplane_dataplane::{BoxLink, Message};
+use uniplane_overlay::PortId;
+
+use super::observe::SetupHistogram;
+use super::{ClientOutcome, DaemonError, Input, Shared};
+use crate::control::{conn_spec, PeerRequest};
+use uniplane_overlay::PlaneReply;
+
+/// Who waits for the answer to a request.
+enum Waiter {
+    Client(oneshot::Sender<ClientOutcome>),
+    Peer(oneshot::Sender<Result<(), ControlError>>),
+}
+
+/// The core and what the driver holds for it.
+pub(super) struct Driver {
+    pub(super) shared: Arc<Shared>,
+    pub(super) core: Control,
+    origin: Instant,
+    rx: mpsc::Receiver<Input>,
+    next_request: RequestId,
+    waiting: HashMap<RequestId, Waiter>,
+    /// Ring links of attached ports not yet handed to their user.
+    rings: HashMap<PortId, RingLink>,
+    /// Tasks bridging a port to its user (tunnels, devices).
+    bridges: HashMap<PortId, AbortHandle>,
+    /// Our open tunnel ports, to tell a stale bridge end from a live one.
+    out_ports: HashMap<(Ipv4Addr, u8), PortId>,
+    in_ports: HashMap<TunnelId, PortId>,
+    /// Opened tunnel links waiting for their port.
+    opening: HashMap<(Ipv4Addr, u8), BoxLink>,
+    inbound_links: HashMap<TunnelId, BoxLink>,
+    next_tunnel: TunnelId,
+    peer_tx: HashMap<Ipv4Addr, mpsc::Sender<PeerRequest>>,
+    notices: Option<mpsc::Sender<Message>>,
+    /// Connection setup times, local and cross-server.
+    pub(super) setup: [SetupHistogram; 2],
+}
+
+impl Driver {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        config: ControlConfig,
+        rx: mpsc::Receiver<Input>,
+    ) -> Driver {
+        Driver {
+            shared,
+            core: Control::new(config, Duration::ZERO),
+            origin: Instant::now(),
+            rx,
+            next_request: 1,
+            waiting: HashMap::new(),
+            rings: HashMap::new(),
+            bridges: HashMap::new(),
+            out_ports: HashMap::new(),
+            in_ports: HashMap::new(),
+            opening: HashMap::new(),
+            inbound_links: HashMap::new(),
+            next_tunnel: 1,
+            peer_tx: HashMap::new(),
+            notices: None,
+            setup: Default::default(),
+        }
+    }
+
+    pub(super) fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Runs the core's start (daemon and device ports) to completion.
+    pub(super) async fn settle(&mut self) -> Result<(), DaemonError> {
+        loop {
+            self.act();
+            if self.core.is_idle() {
+                break;
+            }
+            match self.rx.recv().await {
+                Some(input) => self.input(input),
+                None => return Err(uniplane_overlay::PlaneError::EngineGone.into()),
+            }
+        }
+        if self.core.resource(super::DAEMON_DEVICE).is_none() {
+            return Err(uniplane_overlay::PlaneError::EngineGone.into());
+        }
+        Ok(())
+    }
+
+    /// Serves inputs and timeouts for as long as the daemon runs.
+    pub(super) async fn run(mut self) {
+        loop {
+            self.act();
+            let deadline = self.core.poll_timeout().map(|t| self.origin + t);
+            tokio::select! {
+                input = self.rx.recv() => match input {
+                    Some(input) => self.input(input),
+                    None => return,
+                },
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    let now = self.now();
+                    self.core.handle_timeout(now);
+                }
+            }
+        }
+    }
+
+    fn event(&mut self, e: Event) {
+        let now = self.now();
+        self.core.handle(e, now);
+    }
+
+    fn request_id(&mut self) -> RequestId {
+        let r = self.next_request;
+        self.next_request += 1;
+        r
+    }
+
+    fn input(&mut self, input: Input) {
+        match input {
+            Input::Core(e) => self.event(e),
+            Input::Client {
+                session,
+                req,
+                reply,
+            } => {
+                let request = self.request_id();
+                self.waiting.insert(request, Waiter::Client(reply));
+                self.event(Event::Client {
+                    session,
+                    request,
+                    req,
+                });
+            }
+            Input::PeerConnect {
+                server,
+                conn,
+                class,
+                reply,
+            } => {
+                let request = self.request_id();
+                self.waiting.insert(request, Waiter::Peer(reply));
+                self.event(Event::PeerMessage {
+                    server,
+                    msg: PeerMsg::Connect { conn, class },
+                    request,
+                });
+            }
+            Input::PeerUp { server, tx } => {
+                self.peer_tx.insert(server, tx);
+                self.event(Event::PeerChannelUp { server });
+            }
+            Input::TunnelLink {
+                server,
+                class,
+                link,
+            } => {
+                self.opening.insert((server, class), link);
+                self.event(Event::TunnelOpened { server, class });
+            }
+            Input::InboundLink {
+                from,
+                class,
+                mtu,
+                link,
+            } => {
+                let tunnel = self.next_tunnel;
+                self.next_tunnel += 1;
+                self.inbound_links.insert(tunnel, link);
+                self.event(Event::InboundTunnel {
+                    tunnel,
+                    from,
+                    class,
+                    mtu,
+                });
+            }
+            Input::BridgeEnded { port } => {
+                self.bridges.remove(&port);
+                let out = self.out_ports.iter().find(|(_, p)| **p == port);
+                if let Some((&(server, class), _)) = out {
+                    self.event(Event::TunnelFailed { server, class });
+                    return;
+                }
+                let inbound = self.in_ports.iter().find(|(_, p)| **p == port);
+                if let Some((&tunnel, _)) = inbound {
+                    self.event(Event::InboundTunnelEnded { tunnel });
+                }
+            }
+            Input::PlaneDone { batch, replies } => {
+                let results = self.replies(replies);
+                self.event(Event::PlaneDone { batch, results });
+            }
+            Input::Inspect(f) => f(self),
+        }
+    }
+
+    /// Carries out everything the core asked for.
+    fn act(&mut self) {
+        while let Some(action) = self.core.poll_action() {
+            self.action(action);
+        }
+    }
+
+    fn action(&mut self, action: Action) {
+        match action {
+            Action::Plane { batch, ops } => {
+                let shared = self.shared.clone();
+                let submitted = shared.plane.submit(ops);
+                tokio::spawn(async move {
+                    let replies = submitted.await;
+                    shared.input(Input::PlaneDone { batch, replies }).await;
+                });
+            }
+            Action::PortReady { port, usage } => self.port_ready(port, usage),
+            Action::PortGone { port } => {
+                self.rings.remove(&port);
+                if let Some(b) = self.bridges.remove(&port) {
+                    b.abort();
+                }
+                self.out_ports.retain(|_, p| *p != port);
+                self.in_ports.retain(|_, p| *p != port);
+            }
+            Action::Answer { request, result } => self.answer(request, result),
+            Action::Notice {
+                to,
+                kind,
+                conn,
+                status,
+            } => {
+                let m = super::tunnels::notice(
+                    self.shared.uid(),
+                    to,
+                    kind,
+                    conn.src_port,
+                    (conn.dst, conn.dst_port),
+                    status,
+                );
+                if let (Some(m), Some(tx)) = (m, &self.notices) {
+                    let _ = tx.try_send(m);
+                }
+            }
+            Action::ToPeer { server, msg } => {
+                let req = match msg {
+                    PeerMsg::Heartbeat => PeerRequest::Heartbeat,
+                    PeerMsg::Connect { conn, class } => PeerRequest::Connect {
+                        conn: conn_spec(conn),
+                        class,
+                    },
+                    PeerMsg::Close { conn } => PeerRequest::Close {
+                        conn: conn_spec(conn),
+                    },
+                };
+                if let Some(tx) = self.peer_tx.get(&server) {
+                    let _ = tx.try_send(req);
+                }
+            }
+            Action::OpenTunnel { server, class } => {
+                let shared = self.shared.clone();
+                tokio::spawn(async move {
+                    let input = match super::tunnels::open(&shared, server, class).await {
+                        Ok(link) => Input::TunnelLink {
+                            server,
+                            class,
+                            link,
+                        },
+                        Err(e) => {
+                            tracing::debug!(%server, class, "tunnel: {e}");
+                            Input::Core(Event::TunnelFailed { server, class })
+                        }
+                    };
+                    shared.input(input).await;
+                });
+            }
+            Action::CloseTunnel { server, class } => {
+                self.opening.remove(&(server, class));
+            }
+            Action::DropTunnel { tunnel } => {
+                self.inbound_links.remove(&tunnel);
+                if let Some(port) = self.in_ports.remove(&tunnel) {
+                    if let Some(b) = self.bridges.remove(&port) {
+                        b.abort();
+                    }
+                }
+            }
+            Action::ClosePeerChannel { server } => {
+                self.peer_tx.remove(&server);
+            }
+            Action::Opened { remote, setup, .. } => {
+                self.setup[usize::from(remote)].record(setup);
+            }
+        }
+    }
+
+    fn port_ready(&mut self, port: PortId, usage: PortUse) {
+        let Some(ring) = self.rings.remove(&port) else {
+            tracing::warn!(port, ?usage, "a ready port without its link");
+            return;
+        };
+        match usage {
+            PortUse::Daemon => {
+                let (tx, rx) = mpsc::channel(1024);
+                self.notices = Some(tx);
+                tokio::spawn(super::tunnels::notices(ring, rx));
+            }
+            PortUse::Device { name, .. } => {
+                let Some(d) = self.shared.config.devices.iter().find(|d| d.name == name) else {
+                    return;
+                };
+                let task = tokio::spawn(crate::devices::run(d.kind, d.memory, ring));
+                self.bridges.insert(port, task.abort_handle());
+            }
+            // Handed over with the answer to its attach.
+            PortUse::Process { .. } => {
+                self.rings.insert(port, ring);
+            }
+            PortUse::TunnelOut { server, class } => {
+                let Some(link) = self.opening.remove(&(server, class)) else {
+                    return;
+                };
+                self.out_ports.insert((server, class), port);
+                self.bridge(port, link, ring);
+            }
+            PortUse::TunnelIn { tunnel } => {
+                let Some(link) = self.inbound_links.remove(&tunnel) else {
+                    return;
+                };
+                self.in_ports.insert(tunnel, port);
+                self.bridge(port, link, ring);
+            }
+        }
+    }
+
+    fn bridge(&mut self, port: PortId, link: BoxLink, ring: RingLink) {
+        let shared = self.shared.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = uniplane_dataplane::bridge(link, ring).await {
+                tracing::debug!(port, "tunnel ended: {e}");
+            }
+            shared.input(Input::BridgeEnded { port }).await;
+        });
+        self.bridges.insert(port, task.abort_handle());
+    }
+
+    fn answer(&mut self, request: RequestId, result: Result<Reply, ControlError>) {
+        let Some(waiter) = self.waiting.remove(&request) else {
+            return;
+        };
+        match waiter {
+            Waiter::Peer(tx) => {
+                let _ = tx.send(result.map(drop));
+            }
+            Waiter::Client(tx) => {
+                let mut token = None;
+                if let Ok(Reply::Attached { uid, port }) = &result {
+                    if let Some(ring) = self.rings.remove(port) {
+                        let t = random_token();
+                        if let Ok(mut pending) = self.shared.pending_data.lock() {
+                            pending.insert(t, (uid.device(), ring));
+                        }
+                        token = Some(t);
+                    }
+                }
+                let _ = tx.send(ClientOutcome { result, token });
+            }
+        }
+    }
+
+    /// Turns a batch's replies into the core's results, keeping the ring
+    /// links of attached ports.
+    fn replies(
+        &mut self,
+        replies: Result<
+            Vec<Result<PlaneReply, uniplane_overlay::PlaneError>>,
+            uniplane_overlay::PlaneError,
+        >,
+    ) -> Result<Vec<Result<OpResult, uniplane_overlay::PlaneError>>, uniplane_overlay::PlaneError>
+    {
+        Ok(replies?
+            .into_iter()
+            .map(|r| {
+                r.map(|reply| match reply {
+                    PlaneReply::Attached(port, ring) => {
+                        self.rings.insert(port, ring);
+                        OpResult::Attached(port)
+                    }
+                    _ => OpResult::Done,
+                })
+            })
+            .collect())
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn random_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish()
+}
+
+/// A client request sent to the driver, and its outcome.
+pub(super) async fn client(
+    shared: &Shared,
+    session: u64,
+    req: ClientRequest,
+) -> Result<ClientOutcome, ControlError> {
+    let (reply, rx) = oneshot::channel();
+    shared
+        .input(Input::Client {
+            session,
+            req,
+            reply,
+        })
+        .await;
+    rx.await
+        .map_err(|_| ControlError::Plane(uniplane_overlay::PlaneError::EngineGone))
+}

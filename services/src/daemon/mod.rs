@@ -1,0 +1,380 @@
+//! `uniplaned`: DUA's CPU control agent, as a thin driver of the control
+//! core (`uniplane-control`).
+//!
+//! Every decision — registry, routes, admission, teardown, failures — is
+//! the core's. This module feeds it from the I/O sources and carries out
+//! what it asks, one module per source:
+//!
+//! ```text
+//!  sessions (control socket) ─┐                         ┌─► plane (batches, async)
+//!  peers (peer channels) ─────┤  driver: Control core   ├─► notices (daemon port)
+//!  tunnels (stack links) ─────┤  + timers, one task     ├─► peers / tunnels
+//!  plane completions ─────────┘                         └─► answers to sessions
+//!  data (data socket): hands a process its port's rings
+//!  observe: status, listings, counters and metrics
+//! ```
+
+mod data;
+mod driver;
+mod observe;
+mod peers;
+mod sessions;
+mod tunnels;
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use uniplane_control::{
+    AccessRule, ControlConfig, ControlError, DefaultAction as CoreDefault, DeviceSpec, Event,
+    Limits, MultiHopRoute, PeerSpec, UidMatch,
+};
+use uniplane_dataplane::ring::RingLink;
+use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
+use uniplane_overlay::{Engine, EngineConfig, RunMode};
+
+pub use self::observe::parse_policy;
+use crate::config::{Config, DefaultAction, DeviceKind, EngineMode};
+use crate::control::PeerRequest;
+pub use uniplane_overlay::PlaneHandle;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A file or socket operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The plane refused a setup step.
+    #[error("plane: {0}")]
+    Plane(#[from] uniplane_overlay::PlaneError),
+    /// A stack could not listen.
+    #[error("stack {stack}: {source}")]
+    Stack {
+        /// The stack.
+        stack: String,
+        /// Why.
+        source: uniplane_dataplane::StackError,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
+}
+
+/// The runtime directory: the configured one (`runtime.dir`), else
+/// `UNIPLANE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/uniplane`, else
+/// `/tmp/uniplane-$UID`.
+pub fn runtime_dir(configured: Option<&Path>) -> PathBuf {
+    if let Some(dir) = configured {
+        return dir.to_owned();
+    }
+    if let Some(dir) = std::env::var_os("UNIPLANE_RUNTIME_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(dir).join("uniplane");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc_getuid() };
+    PathBuf::from(format!("/tmp/uniplane-{uid}"))
+}
+
+extern "C" {
+    #[link_name = "getuid"]
+    fn libc_getuid() -> u32;
+}
+
+/// Control socket file name inside the runtime directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// Data socket file name inside the runtime directory.
+pub const DATA_SOCKET: &str = "data.sock";
+
+/// Device number of the daemon itself.
+pub const DAEMON_DEVICE: u16 = uniplane_control::DAEMON_DEVICE;
+
+/// What the I/O tasks tell the driver.
+enum Input {
+    /// An event for the core as it is.
+    Core(Event),
+    /// A client request; the outcome goes back on `reply`.
+    Client {
+        session: u64,
+        req: uniplane_control::ClientRequest,
+        reply: oneshot::Sender<ClientOutcome>,
+    },
+    /// A peer asks to admit a connection.
+    PeerConnect {
+        server: Ipv4Addr,
+        conn: uniplane_overlay::acl::ConnKey,
+        class: u8,
+        reply: oneshot::Sender<Result<(), ControlError>>,
+    },
+    /// Our channel to a peer is up; requests for it go to `tx`.
+    PeerUp {
+        server: Ipv4Addr,
+        tx: mpsc::Sender<PeerRequest>,
+    },
+    /// The outbound tunnel the core asked for is open.
+    TunnelLink {
+        server: Ipv4Addr,
+        class: u8,
+        link: BoxLink,
+    },
+    /// A peer opened a tunnel to us and said who it is.
+    InboundLink {
+        from: Ipv4Addr,
+        class: u8,
+        mtu: usize,
+        link: BoxLink,
+    },
+    /// A plane batch finished.
+    PlaneDone {
+        batch: uniplane_control::BatchId,
+        replies: Result<
+            Vec<Result<uniplane_overlay::PlaneReply, uniplane_overlay::PlaneError>>,
+            uniplane_overlay::PlaneError,
+        >,
+    },
+    /// The bridge of a tunnel port ended by itself.
+    BridgeEnded { port: uniplane_overlay::PortId },
+    /// A look at the driver's state (listings, metrics).
+    Inspect(Box<dyn FnOnce(&driver::Driver) + Send>),
+}
+
+/// What a client request came to; `token` opens the data path of a
+/// process that attached.
+struct ClientOutcome {
+    result: Result<uniplane_control::Reply, ControlError>,
+    token: Option<u64>,
+}
+
+struct Shared {
+    config: Config,
+    server: Ipv4Addr,
+    started: Instant,
+    runtime: PathBuf,
+    plane: Arc<dyn PlaneHandle>,
+    stacks: Vec<Arc<dyn Stack>>,
+    inputs: mpsc::Sender<Input>,
+    /// Data links waiting for their process: token → (device, link).
+    pending_data: Mutex<std::collections::HashMap<u64, (u16, RingLink)>>,
+    next_session: AtomicU64,
+}
+
+impl Shared {
+    async fn input(&self, input: Input) {
+        // The driver outlives every task that sends to it.
+        let _ = self.inputs.send(input).await;
+    }
+
+    /// Runs `f` on the driver's state and returns what it says.
+    async fn inspect<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&driver::Driver) -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.input(Input::Inspect(Box::new(move |d| {
+            let _ = tx.send(f(d));
+        })))
+        .await;
+        rx.await.ok()
+    }
+
+    fn uid(&self) -> Uid {
+        Uid::new(self.server, DAEMON_DEVICE)
+    }
+}
+
+/// A running daemon.
+#[derive(Clone)]
+pub struct Daemon {
+    shared: Arc<Shared>,
+}
+
+impl Daemon {
+    /// Starts a daemon on the current tokio runtime with the software
+    /// engine as its plane.
+    pub async fn start(config: Config) -> Result<Daemon, DaemonError> {
+        let engine = Engine::new(EngineConfig {
+            max_ports: config.max_ports,
+            ring_depth: config.ring_depth,
+            voq_depth: config.voq_depth,
+            table_capacity: config.table_capacity,
+            ..EngineConfig::default()
+        });
+        let mode = match config.mode {
+            EngineMode::BusyPoll => RunMode::BusyPoll,
+            EngineMode::SpinThenPark => RunMode::SpinThenPark { spins: 2048 },
+        };
+        let plane = Arc::new(engine.spawn(mode));
+        Daemon::start_with_plane(config, plane).await
+    }
+
+    /// Starts a daemon on the current tokio runtime programming `plane`:
+    /// the control core, devices, stacks, control and data sockets, peers.
+    pub async fn start_with_plane(
+        config: Config,
+        plane: Arc<dyn PlaneHandle>,
+    ) -> Result<Daemon, DaemonError> {
+        let runtime = runtime_dir(config.runtime_dir.as_deref());
+        std::fs::create_dir_all(&runtime)
+            .map_err(io_err(format!("creating {}", runtime.display())))?;
+        let stacks: Vec<Arc<dyn Stack>> = config
+            .stacks
+            .iter()
+            .filter_map(|s| uniplane_stacks::by_name(&s.name))
+            .collect();
+        let core_config = control_config(&config, &stacks);
+        let (inputs, rx) = mpsc::channel(4096);
+        let shared = Arc::new(Shared {
+            server: config.server,
+            started: Instant::now(),
+            runtime: runtime.clone(),
+            plane,
+            stacks,
+            inputs,
+            pending_data: Mutex::new(Default::default()),
+            next_session: AtomicU64::new(1),
+            config,
+        });
+        let mut driver = driver::Driver::new(shared.clone(), core_config, rx);
+        driver.settle().await?;
+        tokio::spawn(driver.run());
+
+        let daemon = Daemon { shared };
+        tunnels::listen_stacks(&daemon.shared).await?;
+        peers::listen(&daemon.shared).await?;
+        sessions::listen(&daemon.shared)?;
+        data::listen(&daemon.shared)?;
+        for p in &daemon.shared.config.peers {
+            tokio::spawn(peers::dial_loop(daemon.shared.clone(), p.server));
+        }
+        if let Some(addr) = daemon.shared.config.metrics {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(io_err(format!("metrics on {addr}")))?;
+            tokio::spawn(observe::serve_metrics(daemon.shared.clone(), listener));
+        }
+        tracing::info!(server = %daemon.server(), runtime = %runtime.display(), "uniplaned started");
+        Ok(daemon)
+    }
+
+    /// This server's ID.
+    pub fn server(&self) -> Ipv4Addr {
+        self.shared.server
+    }
+
+    /// The runtime directory holding the sockets.
+    pub fn runtime_dir(&self) -> &Path {
+        &self.shared.runtime
+    }
+
+    /// Removes the sockets so no client reaches a daemon that is stopping.
+    pub fn shutdown(&self) {
+        let _ = std::fs::remove_file(self.shared.runtime.join(CONTROL_SOCKET));
+        let _ = std::fs::remove_file(self.shared.runtime.join(DATA_SOCKET));
+    }
+
+    /// The UID of the daemon itself.
+    pub fn uid(&self) -> Uid {
+        self.shared.uid()
+    }
+
+    /// Every counter in Prometheus text exposition format.
+    pub async fn metrics_text(&self) -> String {
+        observe::metrics_text(&self.shared).await
+    }
+
+    /// What the control core believes the plane holds.
+    pub async fn installed(&self) -> Option<uniplane_control::PlaneImage> {
+        self.shared.inspect(|d| d.core.installed().clone()).await
+    }
+
+    /// What the control core's state calls for in the plane.
+    pub async fn picture(&self) -> Option<uniplane_control::PlaneImage> {
+        self.shared.inspect(|d| d.core.picture()).await
+    }
+}
+
+/// Largest payload a tunnel over `stack` carries.
+fn tunnel_mtu(stack: &dyn Stack) -> usize {
+    stack
+        .capabilities()
+        .mtu
+        .saturating_sub(64)
+        .clamp(256, Message::MAX_PAYLOAD)
+}
+
+/// What the core needs of the configuration.
+fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
+    let pattern = |p: &crate::config::UidPattern| UidMatch {
+        key: p.key,
+        mask: p.mask,
+    };
+    ControlConfig {
+        server: config.server,
+        name: config.name.clone(),
+        devices: config
+            .devices
+            .iter()
+            .map(|d| DeviceSpec {
+                name: d.name.clone(),
+                device: d.device,
+                relay: d.kind == DeviceKind::Relay,
+                label: format!("{:?}", d.kind).to_lowercase(),
+            })
+            .collect(),
+        peers: config
+            .peers
+            .iter()
+            .map(|p| PeerSpec {
+                server: p.server,
+                stack: p.stack.clone(),
+                tunnel_mtu: stacks
+                    .iter()
+                    .find(|s| s.name() == p.stack)
+                    .map_or(Message::MAX_PAYLOAD, |s| tunnel_mtu(s.as_ref())),
+            })
+            .collect(),
+        routes: config
+            .routes
+            .iter()
+            .map(|r| MultiHopRoute {
+                from: r.from.clone(),
+                via: r.via.clone(),
+                to: pattern(&r.to),
+            })
+            .collect(),
+        rules: config
+            .rules
+            .iter()
+            .map(|r| AccessRule {
+                src: pattern(&r.src),
+                dst: pattern(&r.dst),
+                types: r.types.clone(),
+                allow: r.allow,
+            })
+            .collect(),
+        default_action: match config.default_action {
+            DefaultAction::Allow => CoreDefault::Allow,
+            DefaultAction::Deny => CoreDefault::Deny,
+            DefaultAction::AllowLocal => CoreDefault::AllowLocal,
+        },
+        heartbeat: config.heartbeat,
+        misses: config.misses,
+        verdict_timeout: Duration::from_secs(2),
+        limits: Limits {
+            resources: config.max_ports,
+            ..Limits::default()
+        },
+    }
+}
