@@ -57,7 +57,7 @@ pub mod wire;
 
 pub use link::{bridge, BoxLink, Link, LinkError, LinkExt};
 pub use message::Message;
-pub use port::{PortClosed, PortIo};
+pub use port::{deferred_port, DeferredPort, PortClosed, PortHandoff, PortIo};
 pub use rng::SplitMix64;
 pub use stack::{BoxListener, Capabilities, Locator, Stack, StackError, StackFuture};
 pub use uid::{Endpoint, MemoryAddress, ParseUidError, Target, Uid};

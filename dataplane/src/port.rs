@@ -22,7 +22,11 @@
 //! `uniplane-shm`, devices run inside the engine thread) let the engine
 //! talk to the far side with no relay in between.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+
+use atomic_waker::AtomicWaker;
 
 use crate::ring::RingPort;
 use crate::Message;
@@ -127,6 +131,195 @@ impl PortIo for RingPort {
     }
 }
 
+/// Creates a port whose queues arrive after it is attached: the engine
+/// gets the [`DeferredPort`] at once (so the port has its number, routes
+/// and access rules before the far side shows up) and whoever sets up the
+/// far side later hands the real queues over with [`PortHandoff::install`].
+///
+/// Until then the port reads nothing and takes nothing (its messages wait
+/// in the engine's queues: backpressure, no loss); a handoff dropped
+/// without installing closes the port.
+pub fn deferred_port() -> (DeferredPort, PortHandoff) {
+    let shared = Arc::new(Handoff {
+        ready: AtomicBool::new(false),
+        abandoned: AtomicBool::new(false),
+        slot: Mutex::new(None),
+        waker: AtomicWaker::new(),
+    });
+    (
+        DeferredPort {
+            inner: None,
+            shared: shared.clone(),
+        },
+        PortHandoff {
+            shared: Some(shared),
+        },
+    )
+}
+
+struct Handoff {
+    /// The queues are in the slot.
+    ready: AtomicBool,
+    /// The handoff was dropped without installing queues.
+    abandoned: AtomicBool,
+    slot: Mutex<Option<Box<dyn PortIo>>>,
+    /// The engine's waker, registered while it waits on the port.
+    waker: AtomicWaker,
+}
+
+/// The engine's side of [`deferred_port`]: a [`PortIo`] that delegates to
+/// the installed queues, and is empty and full until they arrive.
+pub struct DeferredPort {
+    inner: Option<Box<dyn PortIo>>,
+    shared: Arc<Handoff>,
+}
+
+impl std::fmt::Debug for DeferredPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredPort")
+            .field("installed", &self.inner.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The setup side of [`deferred_port`]: hands the real queues over once.
+pub struct PortHandoff {
+    shared: Option<Arc<Handoff>>,
+}
+
+impl std::fmt::Debug for PortHandoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortHandoff").finish_non_exhaustive()
+    }
+}
+
+impl PortHandoff {
+    /// Gives the port its queues and wakes the engine if it waits.
+    pub fn install(mut self, io: Box<dyn PortIo>) {
+        if let Some(shared) = self.shared.take() {
+            *shared.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(io);
+            shared.ready.store(true, Ordering::Release);
+            shared.waker.wake();
+        }
+    }
+}
+
+impl Drop for PortHandoff {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.abandoned.store(true, Ordering::Release);
+            shared.waker.wake();
+        }
+    }
+}
+
+impl DeferredPort {
+    /// The installed queues, taking them from the handoff on first sight.
+    #[inline]
+    fn io(&mut self) -> Option<&mut (dyn PortIo + 'static)> {
+        if self.inner.is_none() && self.shared.ready.load(Ordering::Acquire) {
+            self.inner = self
+                .shared
+                .slot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+        }
+        self.inner.as_deref_mut()
+    }
+
+    fn abandoned(&self) -> bool {
+        self.shared.abandoned.load(Ordering::Acquire)
+    }
+}
+
+impl PortIo for DeferredPort {
+    fn peek(&mut self) -> Option<&Message> {
+        self.io()?.peek()
+    }
+
+    fn pop(&mut self) -> Option<Message> {
+        self.io()?.pop()
+    }
+
+    fn available(&mut self) -> usize {
+        self.io().map_or(0, |q| q.available())
+    }
+
+    fn release(&mut self) {
+        if let Some(q) = self.io() {
+            q.release();
+        }
+    }
+
+    fn poll_available(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        if self.io().is_none() {
+            self.shared.waker.register(cx.waker());
+            if self.io().is_none() {
+                return if self.abandoned() {
+                    Poll::Ready(false)
+                } else {
+                    Poll::Pending
+                };
+            }
+        }
+        match self.io() {
+            Some(q) => q.poll_available(cx),
+            None => Poll::Ready(false),
+        }
+    }
+
+    /// 0 while waiting for the queues; once the handoff is abandoned the
+    /// port takes (and drops) everything, so nothing waits for it.
+    fn free(&mut self) -> usize {
+        if let Some(q) = self.io() {
+            return q.free();
+        }
+        usize::from(self.abandoned())
+    }
+
+    fn push(&mut self, m: Message) -> Result<(), Message> {
+        if let Some(q) = self.io() {
+            return q.push(m);
+        }
+        if self.abandoned() {
+            Ok(())
+        } else {
+            Err(m)
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(q) = self.io() {
+            q.flush();
+        }
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        if self.io().is_none() {
+            self.shared.waker.register(cx.waker());
+            if self.io().is_none() {
+                return if self.abandoned() {
+                    Poll::Ready(Err(PortClosed))
+                } else {
+                    Poll::Pending
+                };
+            }
+        }
+        match self.io() {
+            Some(q) => q.poll_ready(cx),
+            None => Poll::Ready(Err(PortClosed)),
+        }
+    }
+
+    fn is_closed(&mut self) -> bool {
+        match self.io() {
+            Some(q) => q.is_closed(),
+            None => self.abandoned(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +370,58 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         assert!(io.poll_ready(&mut cx).is_pending());
         assert!(io.poll_available(&mut cx).is_pending());
+    }
+
+    /// Counts wake-ups.
+    #[derive(Default)]
+    struct Counter(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deferred_port_holds_back_until_its_queues_arrive_then_delegates() {
+        let (mut port, handoff) = deferred_port();
+        let counter = Arc::new(Counter::default());
+        let waker = std::task::Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(port.free(), 0, "nothing is taken before the queues arrive");
+        assert_eq!(port.push(msg(1)).unwrap_err().header().seqnum, 1);
+        assert!(port.poll_ready(&mut cx).is_pending());
+        assert!(port.poll_available(&mut cx).is_pending());
+        assert!(!port.is_closed());
+
+        let (mut link, rings) = ring_link(4);
+        handoff.install(Box::new(rings));
+        assert!(
+            counter.0.load(Ordering::SeqCst) > 0,
+            "the waiting engine is woken"
+        );
+        assert!(port.free() > 0);
+        port.push(msg(2)).unwrap();
+        port.flush();
+        let mut got = Vec::new();
+        assert_eq!(link.recv_batch(&mut got, 4).await.unwrap(), 1);
+        assert_eq!(got[0].header().seqnum, 2);
+        link.send(msg(3)).await.unwrap();
+        assert_eq!(port.pop().map(|m| m.header().seqnum), Some(3));
+    }
+
+    #[test]
+    fn a_deferred_port_whose_handoff_is_dropped_is_closed_and_holds_nothing() {
+        let (mut port, handoff) = deferred_port();
+        drop(handoff);
+        assert!(port.is_closed());
+        assert!(port.free() > 0);
+        assert!(
+            port.push(msg(1)).is_ok(),
+            "taken and dropped: nobody will read it"
+        );
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(port.poll_available(&mut cx), Poll::Ready(false));
     }
 }

@@ -153,3 +153,45 @@ async fn the_applications_death_is_reported_and_the_port_can_be_detached() {
     assert_eq!(counters.rx_msgs, 0);
     drop(engine.stop());
 }
+
+/// How a daemon attaches a process's port at its `attach` request, before
+/// its data connection arrives: a deferred port, its queues handed over
+/// once the shared-memory handshake is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_attached_before_the_application_connects_carries_its_traffic_once_it_does() {
+    let (deferred, handoff) = uniplane_dataplane::deferred_port();
+    let mut engine = Engine::new(EngineConfig::default());
+    let a = engine
+        .attach_io(PortSpec::app("app"), Box::new(deferred))
+        .unwrap();
+    let device = PortSpec {
+        kind: PortKind::Device,
+        name: "echo".into(),
+        mtu: Message::MAX_PAYLOAD,
+    };
+    let e = engine
+        .attach_io(device, devices::inline_port(DeviceKind::Echo, 0))
+        .unwrap();
+    for p in [a, e] {
+        engine.add_acl_rule(p, AclRule::ALLOW_ALL).unwrap();
+    }
+    engine.add_route(a, Route::exact(echo(), e)).unwrap();
+    engine.add_route(e, Route::exact(app(), a)).unwrap();
+    let engine = engine.spawn(RunMode::SpinThenPark { spins: 100 });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // The data connection arrives: the handshake, then the handoff.
+    let (mut link, port, bell) = ShmPort::pair(&ShmConfig::default(), &ShmConfig::default())
+        .await
+        .unwrap();
+    handoff.install(Box::new(port));
+    let _bell = tokio::spawn(bell);
+    link.send(ping(7, 100)).await.unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(5), link.next())
+        .await
+        .expect("the parked engine was woken by the handoff and the doorbell")
+        .unwrap()
+        .unwrap();
+    assert_eq!((back.header().seqnum, back.header().src), (7, echo()));
+    drop(engine.stop());
+}
