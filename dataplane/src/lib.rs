@@ -11,7 +11,9 @@
 //!   link, over the stack's own batched I/O ([`batched::LinkIo`]).
 //! - [`fault`] and [`pcap`]: link middleware for fault injection and capture.
 //! - [`ring`]: the bounded single-producer single-consumer ring between
-//!   applications, stacks and the engine; [`sched`]: the output
+//!   applications, stacks and the engine; [`port`]: [`PortIo`], the
+//!   engine's view of a port's two queues, whatever is on the other side
+//!   (a ring pair, a shared-memory link, a device run inline); [`sched`]: the output
 //!   schedulers (round-robin, weighted deficit round-robin, strict priority)
 //!   the overlay and the underlay share.
 //!
@@ -45,6 +47,7 @@ pub mod mem {
 }
 mod message;
 pub mod pcap;
+pub mod port;
 pub mod ring;
 mod rng;
 pub mod sched;
@@ -54,6 +57,7 @@ pub mod wire;
 
 pub use link::{bridge, BoxLink, Link, LinkError, LinkExt};
 pub use message::Message;
+pub use port::{deferred_port, DeferredPort, PortClosed, PortHandoff, PortIo};
 pub use rng::SplitMix64;
 pub use stack::{BoxListener, Capabilities, Locator, Stack, StackError, StackFuture};
 pub use uid::{Endpoint, MemoryAddress, ParseUidError, Target, Uid};

@@ -34,14 +34,16 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use uniplane_dataplane::ring::{ring_link, Consumer, Producer, RingLink};
+use uniplane_dataplane::ring::{ring_link, RingLink, RingPort};
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::Status;
-use uniplane_dataplane::{Message, Uid};
+use uniplane_dataplane::{Message, PortClosed, PortIo, Uid};
 
 use crate::acl::{AccessControl, AclRule, ConnKey};
 use crate::crossbar::Crossbar;
-use crate::plane::{ForwardingPlane, PlaneError, PlaneOp, PortCounters, PortDump, PortSpec};
+use crate::plane::{
+    ForwardingPlane, IoSlot, PlaneError, PlaneOp, PortCounters, PortDump, PortSpec,
+};
 use crate::remote::{PlaneFuture, PlaneHandle, PlaneInbox, PlaneRemote};
 use crate::segment::{segment, segments_needed, Reassembler};
 use crate::table::{ForwardingTable, Route};
@@ -81,10 +83,17 @@ impl Default for EngineConfig {
     }
 }
 
+/// A port's two queues: the engine's own ring pair (called directly, so
+/// the hot path stays statically dispatched) or any [`PortIo`] a caller
+/// supplied (a shared-memory link, a device run inline).
+enum Queues {
+    Ring(RingPort),
+    Io(Box<dyn PortIo>),
+}
+
 struct Port {
     spec: PortSpec,
-    input: Consumer<Message>,
-    output: Producer<Message>,
+    queues: Queues,
     table: ForwardingTable,
     acl: AccessControl,
     reassembler: Option<Reassembler>,
@@ -95,6 +104,154 @@ struct Port {
 enum Fate {
     Forward(PortId),
     Answer(Status),
+}
+
+/// Dispatches per call on the kind of queues: the engine's rings are
+/// called directly (inlined), others through their vtable. One
+/// instantiation of the burst loops serves both, so adding caller-supplied
+/// queues does not change how the ring path is compiled; the extra branch
+/// is taken the same way for every message of a burst.
+macro_rules! dispatch {
+    ($self:ident, $q:ident => $e:expr) => {
+        match $self {
+            Queues::Ring($q) => $e,
+            Queues::Io($q) => $e,
+        }
+    };
+}
+
+impl PortIo for Queues {
+    #[inline(always)]
+    fn peek(&mut self) -> Option<&Message> {
+        dispatch!(self, q => q.peek())
+    }
+    #[inline(always)]
+    fn pop(&mut self) -> Option<Message> {
+        dispatch!(self, q => q.pop())
+    }
+    #[inline(always)]
+    fn available(&mut self) -> usize {
+        dispatch!(self, q => q.available())
+    }
+    #[inline(always)]
+    fn release(&mut self) {
+        dispatch!(self, q => q.release())
+    }
+    fn poll_available(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        dispatch!(self, q => q.poll_available(cx))
+    }
+    #[inline(always)]
+    fn free(&mut self) -> usize {
+        dispatch!(self, q => q.free())
+    }
+    #[inline(always)]
+    fn push(&mut self, m: Message) -> Result<(), Message> {
+        dispatch!(self, q => q.push(m))
+    }
+    #[inline(always)]
+    fn flush(&mut self) {
+        dispatch!(self, q => q.flush())
+    }
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        dispatch!(self, q => q.poll_ready(cx))
+    }
+    fn is_closed(&mut self) -> bool {
+        dispatch!(self, q => q.is_closed())
+    }
+}
+
+/// What reading one input's burst needs, borrowed apart from the port's
+/// queues so that the burst loop is generic over them.
+struct Input<'a> {
+    acl: &'a AccessControl,
+    table: &'a ForwardingTable,
+    counters: &'a mut PortCounters,
+    translator: &'a Translator,
+    crossbar: &'a mut Crossbar,
+    mtu: &'a [usize],
+    burst: usize,
+    pi: PortId,
+}
+
+impl Input<'_> {
+    /// Reads up to a burst from `q`: each message is forwarded into its
+    /// virtual output queue or answered, or the input waits (lossless).
+    #[inline]
+    fn read<Q: PortIo + ?Sized>(&mut self, q: &mut Q) -> usize {
+        let pi = self.pi;
+        let mut moved = 0;
+        while moved < self.burst {
+            let Some(head) = q.peek() else {
+                break;
+            };
+            let len = head.payload().len();
+            let fate = Engine::decide(self.acl, self.table, self.translator, head);
+            match fate {
+                Fate::Forward(out) => {
+                    let out_mtu = self.mtu.get(out as usize).copied().unwrap_or(0);
+                    if out_mtu == 0 {
+                        // A route to a detached port: answer as a miss.
+                        if !self.answer(q, Status::NoRoute) {
+                            break;
+                        }
+                    } else {
+                        let need = segments_needed(len, out_mtu);
+                        if self.crossbar.room(pi, out) < need {
+                            self.counters.input_stalls += 1;
+                            break;
+                        }
+                        let Some(m) = q.pop() else { break };
+                        self.counters.rx_msgs += 1;
+                        self.counters.rx_bytes += m.payload().len() as u64;
+                        if need > 1 {
+                            self.counters.segments += need as u64;
+                        }
+                        let crossbar = &mut *self.crossbar;
+                        segment(m, out_mtu, |s| {
+                            // Room for every segment was checked above.
+                            let _ = crossbar.push(pi, out, s);
+                        });
+                    }
+                }
+                Fate::Answer(status) => {
+                    if !self.answer(q, status) {
+                        break;
+                    }
+                }
+            }
+            moved += 1;
+        }
+        q.release();
+        moved
+    }
+
+    /// Pops the head of `q` and answers it with `status` through the
+    /// port's own output queue. Returns false (and pops nothing) when that
+    /// queue is full.
+    fn answer<Q: PortIo + ?Sized>(&mut self, q: &mut Q, status: Status) -> bool {
+        let pi = self.pi;
+        if self.crossbar.room(pi, pi) == 0 {
+            self.counters.input_stalls += 1;
+            return false;
+        }
+        let Some(m) = q.pop() else {
+            return false;
+        };
+        self.counters.rx_msgs += 1;
+        self.counters.rx_bytes += m.payload().len() as u64;
+        match status {
+            Status::Denied => self.counters.acl_denied += 1,
+            _ => self.counters.no_route += 1,
+        }
+        match m.error_answer(status) {
+            Some(a) => {
+                self.counters.error_answers += 1;
+                let _ = self.crossbar.push(pi, pi, a);
+            }
+            None => self.counters.unanswerable += 1,
+        }
+        true
+    }
 }
 
 /// The overlay engine. See the module documentation.
@@ -132,11 +289,7 @@ impl Engine {
         &self.config
     }
 
-    fn attach_rings(
-        &mut self,
-        spec: PortSpec,
-        rings: uniplane_dataplane::ring::RingPort,
-    ) -> Result<PortId, PlaneError> {
+    fn attach_queues(&mut self, spec: PortSpec, queues: Queues) -> Result<PortId, PlaneError> {
         let slot = self
             .ports
             .iter()
@@ -148,8 +301,7 @@ impl Engine {
         });
         self.ports[slot] = Some(Port {
             spec,
-            input: rings.input,
-            output: rings.output,
+            queues,
             table: ForwardingTable::new(self.config.table_capacity),
             acl: AccessControl::new(),
             reassembler,
@@ -163,6 +315,19 @@ impl Engine {
             .get_mut(id as usize)
             .and_then(Option::as_mut)
             .ok_or(PlaneError::NoSuchPort(id))
+    }
+
+    /// Attaches a port on caller-supplied queues (see
+    /// [`ForwardingPlane::attach_io`]). The engine drives `io` from its own
+    /// thread: input bursts are read and outputs filled exactly as for its
+    /// own rings.
+    pub fn attach_io(&mut self, spec: PortSpec, io: Box<dyn PortIo>) -> Result<PortId, PlaneError> {
+        self.attach_queues(spec, Queues::Io(io))
+    }
+
+    /// Whether the far side of port `id` is gone (see [`PortIo::is_closed`]).
+    pub fn port_closed(&mut self, id: PortId) -> Result<bool, PlaneError> {
+        Ok(self.port_mut(id)?.queues.is_closed())
     }
 
     /// The name of port `id`.
@@ -219,102 +384,69 @@ impl Engine {
         let Some(port) = self.ports[pi as usize].as_mut() else {
             return 0;
         };
-        let mut moved = 0;
-        while moved < self.config.burst {
-            let Some(head) = port.input.peek() else {
-                break;
-            };
-            let len = head.payload().len();
-            let fate = Self::decide(&port.acl, &port.table, &self.translator, head);
-            match fate {
-                Fate::Forward(out) => {
-                    let out_mtu = self.mtu.get(out as usize).copied().unwrap_or(0);
-                    if out_mtu == 0 {
-                        // A route to a detached port: answer as a miss.
-                        if !Self::answer(port, &mut self.crossbar, pi, Status::NoRoute) {
-                            break;
-                        }
-                    } else {
-                        let need = segments_needed(len, out_mtu);
-                        if self.crossbar.room(pi, out) < need {
-                            port.counters.input_stalls += 1;
-                            break;
-                        }
-                        let Some(m) = port.input.pop() else { break };
-                        port.counters.rx_msgs += 1;
-                        port.counters.rx_bytes += m.payload().len() as u64;
-                        if need > 1 {
-                            port.counters.segments += need as u64;
-                        }
-                        let crossbar = &mut self.crossbar;
-                        segment(m, out_mtu, |s| {
-                            // Room for every segment was checked above.
-                            let _ = crossbar.push(pi, out, s);
-                        });
-                    }
-                }
-                Fate::Answer(status) => {
-                    if !Self::answer(port, &mut self.crossbar, pi, status) {
-                        break;
-                    }
-                }
-            }
-            moved += 1;
-        }
-        port.input.release();
-        moved
-    }
-
-    /// Pops the head of `port`'s input and answers it with `status` through
-    /// the port's own output queue. Returns false (and pops nothing) when
-    /// that queue is full.
-    fn answer(port: &mut Port, crossbar: &mut Crossbar, pi: PortId, status: Status) -> bool {
-        if crossbar.room(pi, pi) == 0 {
-            port.counters.input_stalls += 1;
-            return false;
-        }
-        let Some(m) = port.input.pop() else {
-            return false;
+        let Port {
+            queues,
+            acl,
+            table,
+            counters,
+            ..
+        } = port;
+        let mut input = Input {
+            acl,
+            table,
+            counters,
+            translator: &self.translator,
+            crossbar: &mut self.crossbar,
+            mtu: &self.mtu,
+            burst: self.config.burst,
+            pi,
         };
-        port.counters.rx_msgs += 1;
-        port.counters.rx_bytes += m.payload().len() as u64;
-        match status {
-            Status::Denied => port.counters.acl_denied += 1,
-            _ => port.counters.no_route += 1,
-        }
-        match m.error_answer(status) {
-            Some(a) => {
-                port.counters.error_answers += 1;
-                let _ = crossbar.push(pi, pi, a);
-            }
-            None => port.counters.unanswerable += 1,
-        }
-        true
+        input.read(queues)
     }
 
     fn write_output(&mut self, o: PortId, now: Duration) -> usize {
         let Some(port) = self.ports[o as usize].as_mut() else {
             return 0;
         };
+        let Port {
+            queues,
+            reassembler,
+            counters,
+            ..
+        } = port;
+        Self::fill_output(queues, &mut self.crossbar, reassembler, counters, o, now)
+    }
+
+    /// Moves what output `o`'s scheduler picks into `q` while it has room,
+    /// then publishes once.
+    #[inline]
+    fn fill_output<Q: PortIo + ?Sized>(
+        q: &mut Q,
+        crossbar: &mut Crossbar,
+        reassembler: &mut Option<Reassembler>,
+        counters: &mut PortCounters,
+        o: PortId,
+        now: Duration,
+    ) -> usize {
         let mut moved = 0;
-        while self.crossbar.backlog(o) > 0 && port.output.free() > 0 {
-            let Some((_, m)) = self.crossbar.pop(o) else {
+        while crossbar.backlog(o) > 0 && q.free() > 0 {
+            let Some((_, m)) = crossbar.pop(o) else {
                 break;
             };
             moved += 1;
-            let m = match port.reassembler.as_mut() {
+            let m = match reassembler.as_mut() {
                 Some(r) => match r.push(m, now) {
                     Some(whole) => whole,
                     None => continue,
                 },
                 None => m,
             };
-            port.counters.tx_msgs += 1;
-            port.counters.tx_bytes += m.payload().len() as u64;
+            counters.tx_msgs += 1;
+            counters.tx_bytes += m.payload().len() as u64;
             // free() > 0 was checked: the push cannot fail.
-            let _ = port.output.push(m);
+            let _ = q.push(m);
         }
-        port.output.flush();
+        q.flush();
         moved
     }
 
@@ -340,7 +472,7 @@ impl Engine {
     fn has_work(&mut self) -> bool {
         let crossbar = &self.crossbar;
         self.ports.iter_mut().enumerate().any(|(i, p)| match p {
-            Some(p) => p.input.available() > 0 || crossbar.backlog(i as PortId) > 0,
+            Some(p) => p.queues.available() > 0 || crossbar.backlog(i as PortId) > 0,
             None => false,
         })
     }
@@ -412,9 +544,10 @@ impl Engine {
         }
         for (i, port) in self.ports.iter_mut().enumerate() {
             let Some(port) = port else { continue };
-            ready |= matches!(port.input.poll_available(cx), Poll::Ready(true));
+            let q = &mut port.queues;
+            ready |= matches!(q.poll_available(cx), Poll::Ready(true));
             if self.crossbar.backlog(i as PortId) > 0 {
-                ready |= matches!(port.output.poll_ready(cx), Poll::Ready(_));
+                ready |= matches!(q.poll_ready(cx), Poll::Ready(_));
             }
         }
         ready || self.has_work()
@@ -428,8 +561,12 @@ impl ForwardingPlane for Engine {
 
     fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
         let (link, port) = ring_link(self.config.ring_depth);
-        let id = self.attach_rings(spec, port)?;
+        let id = self.attach_queues(spec, Queues::Ring(port))?;
         Ok((id, link))
+    }
+
+    fn attach_io(&mut self, spec: PortSpec, io: Box<dyn PortIo>) -> Result<PortId, PlaneError> {
+        Engine::attach_io(self, spec, io)
     }
 
     /// Removes port `id`, returning its last counters. Messages queued for
@@ -605,6 +742,12 @@ impl ForwardingPlane for EngineHandle {
         self.op(PlaneOp::Attach(spec))?
             .into_attached()
             .ok_or(PlaneError::EngineGone)
+    }
+    fn attach_io(&mut self, spec: PortSpec, io: Box<dyn PortIo>) -> Result<PortId, PlaneError> {
+        match self.op(PlaneOp::AttachIo(spec, IoSlot::new(io)))? {
+            crate::plane::PlaneReply::AttachedIo(p) => Ok(p),
+            _ => Err(PlaneError::EngineGone),
+        }
     }
     fn detach(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
         counters(self.op(PlaneOp::Detach(port))?)

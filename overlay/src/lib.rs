@@ -22,7 +22,8 @@ pub mod translator;
 
 pub use engine::{Engine, EngineConfig, EngineHandle, RunMode};
 pub use plane::{
-    ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortKind, PortSpec,
+    ForwardingPlane, IoSlot, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortKind,
+    PortSpec,
 };
 pub use remote::{PlaneFuture, PlaneHandle, PlaneInbox, PlaneRemote};
 

@@ -1,9 +1,11 @@
 //! The control API of a forwarding plane: what the host daemon programs,
 //! whether the plane is this software engine or the RTL under `hw/`.
 
+use std::sync::{Arc, Mutex};
+
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::{Policy, PolicyError};
-use uniplane_dataplane::{Message, Uid};
+use uniplane_dataplane::{Message, PortIo, Uid};
 
 use crate::acl::{AclRule, ConnKey};
 use crate::segment::ReassemblyStats;
@@ -127,6 +129,46 @@ pub enum PlaneError {
     /// operations completed.
     #[error("the plane's control queue is full")]
     Busy,
+    /// An [`IoSlot`] was empty: its queues were attached already.
+    #[error("the port's queues were taken already")]
+    IoTaken,
+}
+
+/// Caller-supplied queues of a port on their way to the plane: what
+/// [`PlaneOp::AttachIo`] carries. Cloning shares the slot; the first
+/// [`IoSlot::take`] gets the queues, later ones get `None`, so an operation
+/// applied twice attaches them once.
+#[derive(Clone)]
+pub struct IoSlot(Arc<Mutex<Option<Box<dyn PortIo>>>>);
+
+impl IoSlot {
+    /// A slot holding `io`.
+    pub fn new(io: Box<dyn PortIo>) -> Self {
+        IoSlot(Arc::new(Mutex::new(Some(io))))
+    }
+
+    /// Takes the queues out; `None` when someone took them already.
+    pub fn take(&self) -> Option<Box<dyn PortIo>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Whether the queues are still in the slot.
+    pub fn is_present(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+}
+
+impl std::fmt::Debug for IoSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = if self.is_present() {
+            "present"
+        } else {
+            "taken"
+        };
+        f.debug_tuple("IoSlot")
+            .field(&format_args!("{state}"))
+            .finish()
+    }
 }
 
 /// One control operation, as data: what [`ForwardingPlane::apply`] takes
@@ -136,6 +178,8 @@ pub enum PlaneError {
 pub enum PlaneOp {
     /// [`ForwardingPlane::attach`].
     Attach(PortSpec),
+    /// [`ForwardingPlane::attach_io`]: a port on the queues in the slot.
+    AttachIo(PortSpec, IoSlot),
     /// [`ForwardingPlane::detach`].
     Detach(PortId),
     /// [`ForwardingPlane::add_route`].
@@ -172,6 +216,8 @@ pub enum PlaneReply {
     Done,
     /// A port was attached: its number and the link its user holds.
     Attached(PortId, RingLink),
+    /// A port was attached on caller-supplied queues: its number.
+    AttachedIo(PortId),
     /// A port's counters (also what a detached port counted last).
     Counters(PortCounters),
     /// A port's tables as the plane holds them.
@@ -185,6 +231,7 @@ impl std::fmt::Debug for PlaneReply {
         match self {
             PlaneReply::Done => f.write_str("Done"),
             PlaneReply::Attached(p, _) => f.debug_tuple("Attached").field(p).finish(),
+            PlaneReply::AttachedIo(p) => f.debug_tuple("AttachedIo").field(p).finish(),
             PlaneReply::Counters(c) => f.debug_tuple("Counters").field(c).finish(),
             PlaneReply::Dump(d) => f.debug_tuple("Dump").field(d).finish(),
             PlaneReply::Translations(t) => f.debug_tuple("Translations").field(t).finish(),
@@ -234,6 +281,16 @@ pub trait ForwardingPlane {
     fn kind(&self) -> &'static str;
     /// Attaches a port; returns its number and the link its user holds.
     fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError>;
+    /// Attaches a port whose queues the caller supplies (a shared-memory
+    /// link driven by the plane's own thread, a device run inline); returns
+    /// its number. Planes that cannot run foreign queues refuse.
+    fn attach_io(&mut self, spec: PortSpec, io: Box<dyn PortIo>) -> Result<PortId, PlaneError> {
+        let _ = (spec, io);
+        Err(PlaneError::Unsupported {
+            plane: self.kind(),
+            what: "attach a port on caller-supplied queues",
+        })
+    }
     /// Removes a port and everything queued for it; returns its last
     /// counters. Routes naming it elsewhere stay until removed.
     fn detach(&mut self, port: PortId) -> Result<PortCounters, PlaneError>;
@@ -271,6 +328,10 @@ pub trait ForwardingPlane {
         let done = |r: Result<(), PlaneError>| r.map(|()| PlaneReply::Done);
         match op {
             PlaneOp::Attach(spec) => self.attach(spec).map(|(p, l)| PlaneReply::Attached(p, l)),
+            PlaneOp::AttachIo(spec, slot) => match slot.take() {
+                Some(io) => self.attach_io(spec, io).map(PlaneReply::AttachedIo),
+                None => Err(PlaneError::IoTaken),
+            },
             PlaneOp::Detach(p) => self.detach(p).map(PlaneReply::Counters),
             PlaneOp::AddRoute(p, r) => done(self.add_route(p, r)),
             PlaneOp::RemoveRoute(p, k, m) => done(self.remove_route(p, k, m)),

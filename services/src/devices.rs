@@ -2,16 +2,22 @@
 //! memory resource served by one-sided WRTE/READ, and a relay that puts
 //! what it receives back into the overlay (a hop of multi-hop routes).
 //!
-//! Each runs as a task on the daemon's runtime, attached to the engine as a
-//! device port, and handles whole bursts per wake-up.
+//! Each runs either as a task on the daemon's runtime, attached to the
+//! engine as a device port over a ring link ([`run`]), handling whole
+//! bursts per wake-up; or inside the engine thread itself
+//! ([`inline_port`]): what the engine writes to the device is handled at
+//! once and the answers become the port's input, with no queue hop, no
+//! task and no wake-up in between.
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use std::task::{Context, Poll};
 use uniplane_dataplane::wire::{
     Header, MemoryParams, Params, PortParams, ReqType, Request, Status,
 };
-use uniplane_dataplane::{Link, LinkExt, Message};
+
+use uniplane_dataplane::{Link, LinkExt, Message, PortClosed, PortIo};
 
 use crate::config::DeviceKind;
 
@@ -137,6 +143,101 @@ pub async fn run<L: Link>(kind: DeviceKind, memory_bytes: usize, mut link: L) {
     }
 }
 
+/// Answers an inline device holds for the engine by default.
+pub const INLINE_ANSWERS: usize = 256;
+
+/// A device run inside the engine thread: a [`PortIo`] whose output is the
+/// device's [`handle`] and whose input is the device's answers.
+///
+/// Lossless: every message pushed yields at most one answer, and the port
+/// takes a message only while its answer queue has room, so a full answer
+/// queue (the engine not reading the device's answers, because their
+/// destinations are full) makes [`PortIo::free`] 0 and the engine's
+/// queues hold the rest: backpressure, never a drop.
+#[derive(Debug)]
+pub struct InlinePort {
+    kind: DeviceKind,
+    memory: Memory,
+    answers: VecDeque<Message>,
+    capacity: usize,
+}
+
+impl InlinePort {
+    /// A `kind` device with `memory_bytes` of memory whose answer queue
+    /// holds `capacity` messages (at least 1).
+    pub fn new(kind: DeviceKind, memory_bytes: usize, capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        InlinePort {
+            kind,
+            memory: Memory::new(memory_bytes),
+            answers: VecDeque::with_capacity(capacity),
+            capacity,
+        }
+    }
+}
+
+/// A `kind` device with `memory_bytes` of memory, ready to attach with
+/// `Engine::attach_io` (or `PlaneOp::AttachIo`) as a device port: the
+/// device runs inside the engine thread.
+pub fn inline_port(kind: DeviceKind, memory_bytes: usize) -> Box<dyn PortIo> {
+    Box::new(InlinePort::new(kind, memory_bytes, INLINE_ANSWERS))
+}
+
+impl PortIo for InlinePort {
+    fn peek(&mut self) -> Option<&Message> {
+        self.answers.front()
+    }
+
+    fn pop(&mut self) -> Option<Message> {
+        self.answers.pop_front()
+    }
+
+    fn available(&mut self) -> usize {
+        self.answers.len()
+    }
+
+    fn release(&mut self) {}
+
+    /// Answers appear only when the engine itself pushes, so there is
+    /// nothing to wait for from elsewhere.
+    fn poll_available(&mut self, _cx: &mut Context<'_>) -> Poll<bool> {
+        if self.answers.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(true)
+        }
+    }
+
+    fn free(&mut self) -> usize {
+        self.capacity - self.answers.len()
+    }
+
+    fn push(&mut self, m: Message) -> Result<(), Message> {
+        if self.answers.len() >= self.capacity {
+            return Err(m);
+        }
+        if let Some(answer) = handle(self.kind, &mut self.memory, m) {
+            self.answers.push_back(answer);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) {}
+
+    /// Room appears only when the engine itself reads answers.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        if self.free() > 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn is_closed(&mut self) -> bool {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +303,35 @@ mod tests {
                 .status(),
             Status::OutOfRange
         );
+    }
+
+    #[test]
+    fn an_inline_echo_answers_at_once_and_holds_back_when_its_answers_are_full() {
+        let mut port = InlinePort::new(DeviceKind::Echo, 0, 2);
+        let m = |i| {
+            let mut m = Message::send(
+                uid("1.1.1.1:5").port(9),
+                uid("1.1.1.1:1").port(7),
+                Bytes::new(),
+            )
+            .unwrap();
+            m.set_seqnum(i);
+            m
+        };
+        assert_eq!(port.free(), 2);
+        port.push(m(1)).unwrap();
+        port.push(m(2)).unwrap();
+        assert_eq!(port.free(), 0, "two answers wait: the port is full");
+        let refused = port.push(m(3)).unwrap_err();
+        assert_eq!(refused.header().seqnum, 3, "given back, never dropped");
+        assert_eq!(port.available(), 2);
+        assert_eq!(port.pop().unwrap().header().seqnum, 1);
+        assert_eq!(port.free(), 1);
+        port.push(refused).unwrap();
+        let order: Vec<u32> = std::iter::from_fn(|| port.pop())
+            .map(|a| a.header().seqnum)
+            .collect();
+        assert_eq!(order, [2, 3]);
     }
 
     #[test]

@@ -77,6 +77,57 @@ impl ControlChannel {
     }
 }
 
+/// How a session's data path waits when the engine has nothing for it
+/// (and, sending, when its ring to the engine is full).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Never park: the data path looks at its rings at every turn of the
+    /// application's runtime and never raises its waiting flag, so the
+    /// engine never rings its doorbell and a message costs no system call
+    /// on this side. Lowest latency; the session's task keeps one core of
+    /// the application's runtime busy for as long as it lives. Pair it
+    /// with a busy-polling engine for round trips in microseconds.
+    Busy,
+    /// Spin for `spin` on the ring, then park on the doorbell until the
+    /// engine rings it. `Duration::ZERO` parks at once: no CPU while idle,
+    /// a wake-up (system calls on both sides) per idle-to-busy turn.
+    Park {
+        /// How long to spin before parking.
+        spin: Duration,
+    },
+}
+
+impl Default for Wait {
+    /// Park at once: an idle application costs nothing.
+    fn default() -> Self {
+        Wait::Park {
+            spin: Duration::ZERO,
+        }
+    }
+}
+
+/// Options of a session's data path, for [`Client::attach_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataPathOptions {
+    /// How the data path waits for the engine.
+    pub wait: Wait,
+}
+
+impl DataPathOptions {
+    /// The shared-memory configuration of the client's end of the link.
+    /// The ring size is the daemon's; only the waiting is ours.
+    pub fn shm_config(&self) -> uniplane_shm::ShmConfig {
+        let base = uniplane_shm::ShmConfig::default();
+        match self.wait {
+            Wait::Busy => uniplane_shm::ShmConfig {
+                busy_poll: true,
+                ..base
+            },
+            Wait::Park { spin } => uniplane_shm::ShmConfig { spin, ..base },
+        }
+    }
+}
+
 /// A connection to the daemon's control socket.
 pub struct Client {
     pub(crate) control: Arc<ControlChannel>,
@@ -115,8 +166,20 @@ impl Client {
     }
 
     /// Registers this process as a resource named `name` and opens its
-    /// data path. The resource lives as long as the session.
+    /// data path, which parks while idle ([`DataPathOptions::default`]).
+    /// The resource lives as long as the session.
     pub async fn attach(self, name: &str) -> Result<Session, ClientError> {
+        self.attach_with(name, DataPathOptions::default()).await
+    }
+
+    /// [`Client::attach`] with a choice of how the session's data path
+    /// waits for the engine (see [`Wait`]). Every connection of the
+    /// session shares its data path, and so its wait mode.
+    pub async fn attach_with(
+        self,
+        name: &str,
+        options: DataPathOptions,
+    ) -> Result<Session, ClientError> {
         let v = self.request(&Request::Attach { name: name.into() }).await?;
         let attached: Attached =
             serde_json::from_value(v).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -134,7 +197,7 @@ impl Client {
             .await
             .map_err(|_| ClientError::Timeout)?
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let link = uniplane_shm::ShmLink::join(data, &uniplane_shm::ShmConfig::default())
+        let link = uniplane_shm::ShmLink::join(data, &options.shm_config())
             .await
             .map_err(|e| ClientError::Protocol(format!("data path: {e}")))?;
         Ok(Session::open(self, attached.uid, attached.daemon, link))
@@ -149,6 +212,23 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_modes_map_to_the_links_configuration() {
+        let busy = DataPathOptions { wait: Wait::Busy }.shm_config();
+        assert!(busy.busy_poll);
+        let spin = Duration::from_micros(20);
+        let park = DataPathOptions {
+            wait: Wait::Park { spin },
+        }
+        .shm_config();
+        assert_eq!((park.busy_poll, park.spin), (false, spin));
+        assert_eq!(
+            DataPathOptions::default().shm_config(),
+            uniplane_shm::ShmConfig::default(),
+            "the default parks at once, as before"
+        );
+    }
 
     #[test]
     fn a_configured_runtime_dir_wins() {

@@ -20,6 +20,12 @@
 //! messages both ways and serves peers' one-sided requests against the
 //! session's memory [`Window`]s.
 //!
+//! How the data path waits for the engine is chosen per session with
+//! [`Client::attach_with`] and [`DataPathOptions`]: [`Wait::Busy`] never
+//! parks (no system call per message, a busy core),
+//! [`Wait::Park`] spins a while and then parks on a doorbell (the
+//! default parks at once).
+//!
 //! This crate depends on the vocabulary (`uniplane-dataplane`) and the
 //! shared-memory stack only, never on the daemon.
 //!
@@ -63,7 +69,7 @@ mod session;
 mod window;
 
 pub use connection::{Connection, Listener};
-pub use control::{runtime_dir, Client, CONTROL_SOCKET, DATA_SOCKET};
+pub use control::{runtime_dir, Client, DataPathOptions, Wait, CONTROL_SOCKET, DATA_SOCKET};
 pub use error::ClientError;
 pub use session::Session;
 pub use window::Window;

@@ -150,6 +150,7 @@ impl PlaneImage {
                 self.translations.remove(c);
             }
             PlaneOp::Attach(_)
+            | PlaneOp::AttachIo(..)
             | PlaneOp::SetDefault(..)
             | PlaneOp::SetPolicy(..)
             | PlaneOp::Counters(_)

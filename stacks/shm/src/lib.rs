@@ -7,6 +7,10 @@
 //!   of encoded messages in a sealed memfd handed over a Unix socket, with
 //!   eventfd doorbells rung only when the other side parked. The host
 //!   daemon gives each application its data path through it.
+//! - [`ShmPort`] / [`ShmPortBell`]: the listener side of the same link as
+//!   a [`PortIo`](uniplane_dataplane::PortIo) that the engine thread
+//!   drives directly (no task, no relay), and the future that wakes a
+//!   parked engine and reports the application's death.
 //! - [`ShmStack`]: the same as a [`Stack`](uniplane_dataplane::Stack)
 //!   named `shm`, whose locators are Unix socket paths.
 //! - [`device`]: an emulated PCIe device — register window, read and write
@@ -40,6 +44,7 @@ mod link;
 pub mod mailbox;
 pub mod memory;
 pub mod p2p;
+mod port;
 pub mod ring;
 mod stack;
 pub mod sys;
@@ -48,4 +53,5 @@ pub use link::{
     ShmConfig, ShmError, ShmLink, ShmLinkStats, ShmListener, DEFAULT_RING_BYTES, MAX_RING_BYTES,
     MIN_RING_BYTES,
 };
+pub use port::{ShmPort, ShmPortBell, ShmPortEnd};
 pub use stack::ShmStack;

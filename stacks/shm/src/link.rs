@@ -28,7 +28,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -60,6 +60,9 @@ const PREFIX_BYTES: usize = 4096;
 const HELLO_BYTES: usize = 32;
 /// Messages moved per receive pass when the caller sets no limit.
 const RECV_BATCH: usize = 64;
+/// A busy-polling end looks at the socket for the peer's death once in
+/// this many empty polls.
+const BUSY_LIVENESS_EVERY: u32 = 64;
 
 /// How a link is set up; the listener's configuration decides the sizes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +76,12 @@ pub struct ShmConfig {
     pub spin: Duration,
     /// Bytes copied out of the ring per receive pass at most.
     pub max_batch_bytes: usize,
+    /// Never park: a receiver finding the ring empty (or a sender finding
+    /// it full) yields to its runtime and looks again at the next poll,
+    /// without raising its waiting flag, so the peer never rings a
+    /// doorbell and no system call happens per message. Costs a core;
+    /// `spin` is ignored.
+    pub busy_poll: bool,
 }
 
 impl Default for ShmConfig {
@@ -81,6 +90,7 @@ impl Default for ShmConfig {
             ring_bytes: DEFAULT_RING_BYTES,
             spin: Duration::ZERO,
             max_batch_bytes: 256 << 10,
+            busy_poll: false,
         }
     }
 }
@@ -147,14 +157,14 @@ pub struct ShmLink {
     sock: UnixStream,
     /// A message accepted while the ring was full; it goes first.
     stalled: Option<Message>,
-    rbuf: BytesMut,
-    /// Bytes one receive pass may need: the batch limit and one record.
-    rbuf_capacity: usize,
-    lens: Vec<usize>,
+    rbuf: RecvBuf,
     inbox: VecDeque<Message>,
     spin: Duration,
-    max_batch_bytes: usize,
+    busy_poll: bool,
     peer_gone: bool,
+    /// Empty (or full) polls of a busy-polling end; the socket is looked
+    /// at every [`BUSY_LIVENESS_EVERY`] of them, not at each.
+    busy_polls: u32,
     /// The link failed or its failure was reported; the stream is over.
     finished: bool,
     closed: bool,
@@ -242,25 +252,185 @@ fn corrupt(e: RingError) -> LinkError {
 }
 
 /// The pieces of one end, before the runtime registration.
-struct Parts {
-    mem: SharedMemory,
-    tx: RingLayout,
-    rx: RingLayout,
-    data_bell: EventFd,
-    space_bell: EventFd,
-    peer_data_bell: EventFd,
-    peer_space_bell: EventFd,
+pub(crate) struct Parts {
+    pub(crate) mem: SharedMemory,
+    pub(crate) tx: RingLayout,
+    pub(crate) rx: RingLayout,
+    pub(crate) data_bell: EventFd,
+    pub(crate) space_bell: EventFd,
+    pub(crate) peer_data_bell: EventFd,
+    pub(crate) peer_space_bell: EventFd,
+}
+
+impl Parts {
+    fn check(&self) -> Result<(), ShmError> {
+        if !self.tx.fits(&self.mem) || !self.rx.fits(&self.mem) {
+            return Err(ShmError::Handshake("rings do not fit the region"));
+        }
+        Ok(())
+    }
+
+    /// The listener's half of the handshake on `sock`: creates the region
+    /// and the doorbells and sends them. What [`ShmLink::serve`] and
+    /// [`ShmPort::serve`](crate::ShmPort::serve) share.
+    pub(crate) fn serve(sock: BorrowedFd<'_>, cfg: &ShmConfig) -> Result<Parts, ShmError> {
+        cfg.check()?;
+        let region_len = region_len_for(cfg.ring_bytes);
+        let mem = SharedMemory::create(&memfd_name("link"), region_len)?;
+        mem.write(0, &MAGIC.to_le_bytes());
+        mem.write(8, &VERSION.to_le_bytes());
+        mem.write(12, &(cfg.ring_bytes as u32).to_le_bytes());
+        let [from_connector, to_connector] = layouts(cfg.ring_bytes);
+        let data_bell = EventFd::new()?;
+        let space_bell = EventFd::new()?;
+        let peer_data_bell = EventFd::new()?;
+        let peer_space_bell = EventFd::new()?;
+        let hello = Hello {
+            ring_bytes: cfg.ring_bytes as u32,
+            region_len: region_len as u64,
+        };
+        // A fresh socket's buffer takes 32 bytes at once.
+        send_with_fds(
+            sock,
+            &hello.encode(),
+            &[
+                mem.fd(),
+                data_bell.as_fd(),
+                space_bell.as_fd(),
+                peer_data_bell.as_fd(),
+                peer_space_bell.as_fd(),
+            ],
+        )?;
+        let parts = Parts {
+            mem,
+            tx: to_connector,
+            rx: from_connector,
+            data_bell,
+            space_bell,
+            peer_data_bell,
+            peer_space_bell,
+        };
+        parts.check()?;
+        Ok(parts)
+    }
+}
+
+/// Takes every pending doorbell of `bell` and leaves the task registered
+/// for the next one; `Ok(true)` if it had rung.
+pub(crate) fn poll_bell(bell: &AsyncFd<EventFd>, cx: &mut Context<'_>) -> io::Result<bool> {
+    let mut rang = false;
+    loop {
+        match bell.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut guard)) => {
+                rang |= guard.get_inner().drain()?;
+                // The counter is zero now; a later ring is a new event.
+                guard.clear_ready();
+            }
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(rang),
+        }
+    }
+}
+
+/// Encodes `m` straight into `tx` as one record; `Ok(false)` when it does
+/// not fit now.
+#[inline]
+pub(crate) fn encode_into(
+    tx: &mut RingProducer,
+    mem: &SharedMemory,
+    m: &Message,
+) -> Result<bool, LinkError> {
+    let mut beat = [0u8; EXTENDED_HEADER_LEN];
+    let hl = m.header().encode(&mut beat)?;
+    let parts = [&beat[..hl], m.payload().as_ref()];
+    tx.try_push(mem, &parts).map_err(corrupt)
+}
+
+/// The receiving side's buffer: published records are copied out of the
+/// ring into it in batches (the one copy out of shared memory), their
+/// space released at once, and messages decoded that share it.
+pub(crate) struct RecvBuf {
+    buf: BytesMut,
+    /// Bytes one receive pass may need: the batch limit and one record.
+    capacity: usize,
+    lens: Vec<usize>,
+    max_batch_bytes: usize,
+}
+
+impl RecvBuf {
+    pub(crate) fn new(cfg: &ShmConfig) -> RecvBuf {
+        let max_batch_bytes = cfg.max_batch_bytes.max(1);
+        // A pass stops once it holds `max_batch_bytes`, so it may overrun
+        // by one record less one byte.
+        let capacity = max_batch_bytes + EXTENDED_HEADER_LEN + Message::MAX_PAYLOAD;
+        RecvBuf {
+            buf: BytesMut::with_capacity(capacity),
+            capacity,
+            lens: Vec::with_capacity(RECV_BATCH),
+            max_batch_bytes,
+        }
+    }
+
+    /// Copies up to `max` published records out of `rx`, releases their
+    /// space (ringing `peer_space_bell` when the producer parked) and
+    /// decodes them, handing each message to `push`. Returns how many
+    /// messages were delivered; malformed records are counted in `stats`,
+    /// not delivered.
+    pub(crate) fn drain(
+        &mut self,
+        rx: &mut RingConsumer,
+        mem: &SharedMemory,
+        peer_space_bell: &EventFd,
+        stats: &mut ShmLinkStats,
+        max: usize,
+        mut push: impl FnMut(Message),
+    ) -> Result<usize, RingError> {
+        let mut delivered = 0;
+        while delivered < max {
+            self.lens.clear();
+            // Take the whole buffer back when the messages of earlier
+            // batches are gone (no allocation, no fresh pages to fault in).
+            self.buf.reserve(self.capacity);
+            let mut bytes = 0;
+            while self.lens.len() < max - delivered && bytes < self.max_batch_bytes {
+                match rx.next_record(mem)? {
+                    Some(r) => {
+                        mem.read_into(r.offset, r.len, &mut self.buf);
+                        self.lens.push(r.len);
+                        bytes += r.len;
+                    }
+                    None => break,
+                }
+            }
+            if self.lens.is_empty() {
+                break;
+            }
+            if rx.release(mem) {
+                peer_space_bell.ring();
+                stats.doorbells += 1;
+            }
+            let chunk = self.buf.split().freeze();
+            let mut at = 0;
+            for &len in &self.lens {
+                let record = chunk.slice(at..at + len);
+                at += len;
+                match Message::decode(&record) {
+                    Ok((m, used)) if used == len => {
+                        push(m);
+                        delivered += 1;
+                    }
+                    _ => stats.malformed += 1,
+                }
+            }
+        }
+        stats.received += delivered as u64;
+        Ok(delivered)
+    }
 }
 
 impl ShmLink {
     fn from_parts(p: Parts, sock: UnixStream, cfg: &ShmConfig) -> Result<ShmLink, ShmError> {
-        if !p.tx.fits(&p.mem) || !p.rx.fits(&p.mem) {
-            return Err(ShmError::Handshake("rings do not fit the region"));
-        }
-        let max_batch_bytes = cfg.max_batch_bytes.max(1);
-        // A pass stops once it holds `max_batch_bytes`, so it may overrun
-        // by one record less one byte.
-        let rbuf_capacity = max_batch_bytes + EXTENDED_HEADER_LEN + Message::MAX_PAYLOAD;
+        p.check()?;
         Ok(ShmLink {
             tx: RingProducer::new(p.tx),
             rx: RingConsumer::new(p.rx),
@@ -271,13 +441,12 @@ impl ShmLink {
             peer_space_bell: p.peer_space_bell,
             sock,
             stalled: None,
-            rbuf: BytesMut::with_capacity(rbuf_capacity),
-            rbuf_capacity,
-            lens: Vec::with_capacity(RECV_BATCH),
+            rbuf: RecvBuf::new(cfg),
             inbox: VecDeque::with_capacity(RECV_BATCH),
             spin: cfg.spin,
-            max_batch_bytes,
+            busy_poll: cfg.busy_poll,
             peer_gone: false,
+            busy_polls: 0,
             finished: false,
             closed: false,
             stats: ShmLinkStats::default(),
@@ -350,42 +519,7 @@ impl ShmLink {
     /// The listener's half of the handshake on an accepted Unix socket:
     /// creates the region and the doorbells and sends them.
     pub fn serve(sock: UnixStream, cfg: &ShmConfig) -> Result<ShmLink, ShmError> {
-        cfg.check()?;
-        let region_len = region_len_for(cfg.ring_bytes);
-        let mem = SharedMemory::create(&memfd_name("link"), region_len)?;
-        mem.write(0, &MAGIC.to_le_bytes());
-        mem.write(8, &VERSION.to_le_bytes());
-        mem.write(12, &(cfg.ring_bytes as u32).to_le_bytes());
-        let [from_connector, to_connector] = layouts(cfg.ring_bytes);
-        let data_bell = EventFd::new()?;
-        let space_bell = EventFd::new()?;
-        let peer_data_bell = EventFd::new()?;
-        let peer_space_bell = EventFd::new()?;
-        let hello = Hello {
-            ring_bytes: cfg.ring_bytes as u32,
-            region_len: region_len as u64,
-        };
-        // A fresh socket's buffer takes 32 bytes at once.
-        send_with_fds(
-            sock.as_fd(),
-            &hello.encode(),
-            &[
-                mem.fd(),
-                data_bell.as_fd(),
-                space_bell.as_fd(),
-                peer_data_bell.as_fd(),
-                peer_space_bell.as_fd(),
-            ],
-        )?;
-        let parts = Parts {
-            mem,
-            tx: to_connector,
-            rx: from_connector,
-            data_bell,
-            space_bell,
-            peer_data_bell,
-            peer_space_bell,
-        };
+        let parts = Parts::serve(sock.as_fd(), cfg)?;
         Self::from_parts(parts, sock, cfg)
     }
 
@@ -396,6 +530,22 @@ impl ShmLink {
         let server = Self::serve(a, cfg)?;
         let client = Self::join(b, cfg).await?;
         Ok((client, server))
+    }
+
+    /// Writes `record` into the sending ring as it is, unpublished (tests
+    /// of the receiving end's checks).
+    #[cfg(test)]
+    pub(crate) fn push_raw(&mut self, record: &[u8]) -> bool {
+        self.tx.try_push(&self.mem, &[record]).unwrap_or(false)
+    }
+
+    /// Shuts the Unix socket down as a dying process would, leaving the
+    /// rings open (tests of peer-death detection).
+    #[cfg(test)]
+    pub(crate) fn shutdown_socket(&self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on a descriptor this link owns.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
     }
 
     /// Counters of this end.
@@ -410,72 +560,19 @@ impl ShmLink {
 
     // ---- receiving ----
 
-    /// Copies up to `max` published records out, releases their space and
-    /// decodes them, handing each message to `push`. Returns how many
-    /// messages were delivered (malformed records are counted, not
-    /// delivered).
-    fn drain_ring(
-        &mut self,
-        max: usize,
-        mut push: impl FnMut(Message),
-    ) -> Result<usize, LinkError> {
-        let mut delivered = 0;
-        while delivered < max {
-            self.lens.clear();
-            // Take the whole buffer back when the messages of earlier
-            // batches are gone (no allocation, no fresh pages to fault in).
-            self.rbuf.reserve(self.rbuf_capacity);
-            let mut bytes = 0;
-            while self.lens.len() < max - delivered && bytes < self.max_batch_bytes {
-                match self.rx.next_record(&self.mem).map_err(corrupt)? {
-                    Some(r) => {
-                        self.mem.read_into(r.offset, r.len, &mut self.rbuf);
-                        self.lens.push(r.len);
-                        bytes += r.len;
-                    }
-                    None => break,
-                }
-            }
-            if self.lens.is_empty() {
-                break;
-            }
-            if self.rx.release(&self.mem) {
-                self.peer_space_bell.ring();
-                self.stats.doorbells += 1;
-            }
-            let chunk = self.rbuf.split().freeze();
-            let mut at = 0;
-            for &len in &self.lens {
-                let record = chunk.slice(at..at + len);
-                at += len;
-                match Message::decode(&record) {
-                    Ok((m, used)) if used == len => {
-                        push(m);
-                        delivered += 1;
-                    }
-                    _ => self.stats.malformed += 1,
-                }
-            }
-        }
-        self.stats.received += delivered as u64;
-        Ok(delivered)
-    }
-
-    /// Takes every pending doorbell of `bell` and leaves the task
-    /// registered for the next one; `Ok(true)` if it had rung.
-    fn poll_bell(bell: &AsyncFd<EventFd>, cx: &mut Context<'_>) -> io::Result<bool> {
-        let mut rang = false;
-        loop {
-            match bell.poll_read_ready(cx) {
-                Poll::Ready(Ok(mut guard)) => {
-                    rang |= guard.get_inner().drain()?;
-                    // The counter is zero now; a later ring is a new event.
-                    guard.clear_ready();
-                }
-                Poll::Ready(Err(e)) => return Err(e),
-                Poll::Pending => return Ok(rang),
-            }
-        }
+    /// Copies up to `max` published records out and decodes them, handing
+    /// each message to `push`; see [`RecvBuf::drain`].
+    fn drain_ring(&mut self, max: usize, push: impl FnMut(Message)) -> Result<usize, LinkError> {
+        self.rbuf
+            .drain(
+                &mut self.rx,
+                &self.mem,
+                &self.peer_space_bell,
+                &mut self.stats,
+                max,
+                push,
+            )
+            .map_err(corrupt)
     }
 
     /// Whether the peer process is gone (its socket end closed); registers
@@ -505,11 +602,28 @@ impl ShmLink {
         true
     }
 
+    /// [`ShmLink::poll_peer_gone`] for a busy-polling end, which would
+    /// otherwise ask the socket at every empty poll.
+    fn busy_peer_gone(&mut self, cx: &mut Context<'_>) -> bool {
+        self.busy_polls = self.busy_polls.wrapping_add(1);
+        self.peer_gone || (self.busy_polls % BUSY_LIVENESS_EVERY == 0 && self.poll_peer_gone(cx))
+    }
+
     /// `Ready(Ok(true))` when records are published, `Ready(Ok(false))` when
     /// none will come any more (peer closed or gone, ring drained).
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, LinkError>> {
         if self.rx.has_data(&self.mem).map_err(corrupt)? {
             return Poll::Ready(Ok(true));
+        }
+        if self.busy_poll {
+            if self.rx.producer_closed(&self.mem) || self.busy_peer_gone(cx) {
+                let more = self.rx.has_data(&self.mem).map_err(corrupt)?;
+                return Poll::Ready(Ok(more));
+            }
+            // Look again at the next poll; the flag stays down, so the
+            // peer never rings.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         if !self.spin.is_zero() {
             let start = Instant::now();
@@ -526,7 +640,7 @@ impl ShmLink {
             }
         }
         loop {
-            let rang = Self::poll_bell(&self.data_bell, cx)?;
+            let rang = poll_bell(&self.data_bell, cx)?;
             if rang && self.rx.has_data(&self.mem).map_err(corrupt)? {
                 return Poll::Ready(Ok(true));
             }
@@ -565,10 +679,7 @@ impl ShmLink {
 
     #[inline]
     fn push(&mut self, m: &Message) -> Result<bool, LinkError> {
-        let mut beat = [0u8; EXTENDED_HEADER_LEN];
-        let hl = m.header().encode(&mut beat)?;
-        let parts = [&beat[..hl], m.payload().as_ref()];
-        let pushed = self.tx.try_push(&self.mem, &parts).map_err(corrupt)?;
+        let pushed = encode_into(&mut self.tx, &self.mem, m)?;
         if pushed {
             self.stats.sent += 1;
         }
@@ -593,7 +704,8 @@ impl ShmLink {
     /// Moves the stalled message into the ring, parking until there is
     /// room. `Ready(Ok(()))` once nothing is stalled.
     fn poll_unstall(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        let spin_until = (!self.spin.is_zero()).then(|| Instant::now() + self.spin);
+        let spin_until =
+            (!self.spin.is_zero() && !self.busy_poll).then(|| Instant::now() + self.spin);
         loop {
             let Some(m) = self.stalled.take() else {
                 return Poll::Ready(Ok(()));
@@ -610,7 +722,14 @@ impl ShmLink {
                 std::hint::spin_loop();
                 continue;
             }
-            let rang = Self::poll_bell(&self.space_bell, cx)?;
+            if self.busy_poll {
+                if self.busy_peer_gone(cx) {
+                    return Poll::Ready(Err(LinkError::Closed));
+                }
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let rang = poll_bell(&self.space_bell, cx)?;
             if rang {
                 continue;
             }

@@ -62,7 +62,7 @@ impl ModelPlane {
                 .ok_or(PlaneError::NoSuchPort(p))
         };
         match op {
-            PlaneOp::Attach(_) => {
+            PlaneOp::Attach(_) | PlaneOp::AttachIo(..) => {
                 let id = (0..self.max_ports as PortId)
                     .find(|p| !self.ports.contains_key(p))
                     .ok_or(PlaneError::TooManyPorts(self.max_ports))?;
