@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use uniplane_client::{Client, Connection, Session};
+use uniplane_client::{Client, Connection, DataPathOptions, Session, Wait};
 use uniplane_dataplane::Uid;
 
 use crate::hist::LatencyHistogram;
@@ -210,11 +210,17 @@ fn client_err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Config(format!("client: {e}"))
 }
 
-async fn session(dir: &Path, name: &str) -> Result<Session, BenchError> {
+async fn session(dir: &Path, name: &str, wait: WaitMode) -> Result<Session, BenchError> {
+    let wait = match wait {
+        WaitMode::Busy => Wait::Busy,
+        WaitMode::Park => Wait::Park {
+            spin: Duration::ZERO,
+        },
+    };
     Client::connect(dir)
         .await
         .map_err(client_err)?
-        .attach(name)
+        .attach_with(name, DataPathOptions { wait })
         .await
         .map_err(client_err)
 }
@@ -248,7 +254,7 @@ fn measure_rtt(
 ) -> Result<(LatencyHistogram, u64), BenchError> {
     let rt = runtime()?;
     rt.block_on(async {
-        let s = session(dir, "bench-rtt").await?;
+        let s = session(dir, "bench-rtt", cfg.wait).await?;
         let echo = Uid::new([127, 0, 0, 1].into(), 1).port(7);
         let mut conn = s.connect(echo).await.map_err(client_err)?;
         let payload = Bytes::from(vec![0x5a; cfg.size]);
@@ -294,7 +300,7 @@ fn measure_one_way(dir: &Path, cfg: &PathConfig, seconds: f64) -> Result<(u64, f
         .spawn(move || -> Result<(u64, f64), BenchError> {
             let rt = runtime()?;
             rt.block_on(async move {
-                let s = match session(&rx_dir, "bench-sink").await {
+                let s = match session(&rx_dir, "bench-sink", wait).await {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = ready_tx.send(Err(BenchError::SideGone("receiver")));
@@ -343,7 +349,7 @@ fn measure_one_way(dir: &Path, cfg: &PathConfig, seconds: f64) -> Result<(u64, f
         .map_err(|_| BenchError::SideGone("receiver"))??;
     let rt = runtime()?;
     let sent = rt.block_on(async {
-        let s = session(dir, "bench-source").await?;
+        let s = session(dir, "bench-source", cfg.wait).await?;
         let mut conn = s.connect(sink.port(PORT)).await.map_err(client_err)?;
         let payload = Bytes::from(vec![0xa5; cfg.size]);
         let end = Instant::now() + Duration::from_secs_f64(seconds);

@@ -60,7 +60,13 @@ fn path_json_has_every_documented_key_with_its_type() {
 #[test]
 fn path_with_a_daemon_that_cannot_start_fails_clearly() {
     fails_with(
-        &["path", "--seconds", "0.2", "--uniplaned", "/nonexistent/uniplaned"],
+        &[
+            "path",
+            "--seconds",
+            "0.2",
+            "--uniplaned",
+            "/nonexistent/uniplaned",
+        ],
         "starting /nonexistent/uniplaned",
     );
 }

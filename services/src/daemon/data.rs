@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
+use super::driver::PortLink;
 use super::sessions::bind_unix;
 use super::{DaemonError, Shared, DATA_SOCKET};
 
@@ -42,18 +43,37 @@ async fn accept(shared: Arc<Shared>, listener: UnixListener) {
             if stream.write_all(&[1]).await.is_err() {
                 return;
             }
-            // The process's data path: shared-memory rings (memfd and
-            // eventfd doorbells handed over this socket).
-            let shm =
-                match uniplane_shm::ShmLink::serve(stream, &uniplane_shm::ShmConfig::default()) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::warn!(device, "data path setup: {e}");
-                        return;
+            let cfg = uniplane_shm::ShmConfig::default();
+            match link {
+                // The short path: the engine reads and writes the process's
+                // shared-memory rings itself; this task only hears the
+                // doorbells and the end of the process.
+                PortLink::Handoff(handoff) => {
+                    let (port, bell) = match uniplane_shm::ShmPort::serve(stream, &cfg) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!(device, "data path setup: {e}");
+                            return;
+                        }
+                    };
+                    handoff.install(Box::new(port));
+                    let end = bell.await;
+                    tracing::debug!(device, ?end, "data path ended");
+                }
+                // A plane that takes only rings: relay between the two.
+                PortLink::Ring(ring) => {
+                    let shm = match uniplane_shm::ShmLink::serve(stream, &cfg) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!(device, "data path setup: {e}");
+                            return;
+                        }
+                    };
+                    if let Err(e) = uniplane_dataplane::bridge(shm, ring).await {
+                        tracing::debug!(device, "data path ended: {e}");
                     }
-                };
-            if let Err(e) = uniplane_dataplane::bridge(shm, link).await {
-                tracing::debug!(device, "data path ended: {e}");
+                }
+                PortLink::Inline => tracing::warn!(device, "a data connection for a device"),
             }
         });
     }

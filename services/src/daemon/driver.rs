@@ -14,14 +14,27 @@ use uniplane_control::{
     Action, ClientRequest, Control, ControlConfig, ControlError, Event, OpResult, PeerMsg, PortUse,
     Reply, RequestId, TunnelId,
 };
+use uniplane_dataplane::port::{deferred_port, PortHandoff};
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::{BoxLink, Message};
-use uniplane_overlay::PortId;
+use uniplane_overlay::{IoSlot, PlaneOp, PortId, PortKind};
 
 use super::observe::SetupHistogram;
 use super::{ClientOutcome, DaemonError, Input, Shared};
 use crate::control::{conn_spec, PeerRequest};
 use uniplane_overlay::PlaneReply;
+
+/// How an attached port reaches its user.
+pub(super) enum PortLink {
+    /// A ring pair the daemon holds: tunnels, its own port, and every port
+    /// of a plane that cannot take caller-supplied queues.
+    Ring(RingLink),
+    /// A process's port on the engine: its shared-memory queues go in when
+    /// the process connects its data socket.
+    Handoff(PortHandoff),
+    /// A device running inside the engine's thread: nothing to hand over.
+    Inline,
+}
 
 /// Who waits for the answer to a request.
 enum Waiter {
@@ -37,8 +50,11 @@ pub(super) struct Driver {
     rx: mpsc::Receiver<Input>,
     next_request: RequestId,
     waiting: HashMap<RequestId, Waiter>,
-    /// Ring links of attached ports not yet handed to their user.
-    rings: HashMap<PortId, RingLink>,
+    /// Links of attached ports not yet handed to their user.
+    rings: HashMap<PortId, PortLink>,
+    /// The links of a batch's caller-supplied ports, by op index, until
+    /// the plane says which port each got.
+    io_attach: HashMap<u64, Vec<Option<PortLink>>>,
     /// Tasks bridging a port to its user (tunnels, devices).
     bridges: HashMap<PortId, AbortHandle>,
     /// Our open tunnel ports, to tell a stale bridge end from a live one.
@@ -68,6 +84,7 @@ impl Driver {
             next_request: 1,
             waiting: HashMap::new(),
             rings: HashMap::new(),
+            io_attach: HashMap::new(),
             bridges: HashMap::new(),
             out_ports: HashMap::new(),
             in_ports: HashMap::new(),
@@ -202,7 +219,8 @@ impl Driver {
                 }
             }
             Input::PlaneDone { batch, replies } => {
-                let results = self.replies(replies);
+                let links = self.io_attach.remove(&batch).unwrap_or_default();
+                let results = self.replies(replies, links);
                 self.event(Event::PlaneDone { batch, results });
             }
             Input::Inspect(f) => f(self),
@@ -219,6 +237,10 @@ impl Driver {
     fn action(&mut self, action: Action) {
         match action {
             Action::Plane { batch, ops } => {
+                let (ops, links) = self.short_paths(ops);
+                if links.iter().any(Option::is_some) {
+                    self.io_attach.insert(batch, links);
+                }
                 let shared = self.shared.clone();
                 let submitted = shared.plane.submit(ops);
                 tokio::spawn(async move {
@@ -306,42 +328,84 @@ impl Driver {
         }
     }
 
+    /// On the software engine, processes and devices get the short data
+    /// path: a process's port reads its shared-memory rings directly (the
+    /// queues arrive with its data connection), and a device runs inside
+    /// the engine's thread. Other ports, and every port of a plane that
+    /// cannot take caller-supplied queues, keep ring links.
+    fn short_paths(&self, ops: Vec<PlaneOp>) -> (Vec<PlaneOp>, Vec<Option<PortLink>>) {
+        if self.shared.plane.kind() != "engine" {
+            return (ops, Vec::new());
+        }
+        ops.into_iter()
+            .map(|op| match op {
+                PlaneOp::Attach(spec) if spec.kind == PortKind::App => {
+                    let (queues, handoff) = deferred_port();
+                    let slot = IoSlot::new(Box::new(queues));
+                    (
+                        PlaneOp::AttachIo(spec, slot),
+                        Some(PortLink::Handoff(handoff)),
+                    )
+                }
+                PlaneOp::Attach(spec) if spec.kind == PortKind::Device => {
+                    match self
+                        .shared
+                        .config
+                        .devices
+                        .iter()
+                        .find(|d| d.name == spec.name)
+                    {
+                        Some(d) => {
+                            let slot = IoSlot::new(crate::devices::inline_port(d.kind, d.memory));
+                            (PlaneOp::AttachIo(spec, slot), Some(PortLink::Inline))
+                        }
+                        None => (PlaneOp::Attach(spec), None),
+                    }
+                }
+                op => (op, None),
+            })
+            .unzip()
+    }
+
     fn port_ready(&mut self, port: PortId, usage: PortUse) {
-        let Some(ring) = self.rings.remove(&port) else {
+        let Some(link) = self.rings.remove(&port) else {
             tracing::warn!(port, ?usage, "a ready port without its link");
             return;
         };
-        match usage {
-            PortUse::Daemon => {
+        match (usage, link) {
+            (PortUse::Daemon, PortLink::Ring(ring)) => {
                 let (tx, rx) = mpsc::channel(1024);
                 self.notices = Some(tx);
                 tokio::spawn(super::tunnels::notices(ring, rx));
             }
-            PortUse::Device { name, .. } => {
+            (PortUse::Device { name, .. }, PortLink::Ring(ring)) => {
                 let Some(d) = self.shared.config.devices.iter().find(|d| d.name == name) else {
                     return;
                 };
                 let task = tokio::spawn(crate::devices::run(d.kind, d.memory, ring));
                 self.bridges.insert(port, task.abort_handle());
             }
+            // Runs inside the engine's thread.
+            (PortUse::Device { .. }, PortLink::Inline) => {}
             // Handed over with the answer to its attach.
-            PortUse::Process { .. } => {
-                self.rings.insert(port, ring);
+            (PortUse::Process { .. }, link) => {
+                self.rings.insert(port, link);
             }
-            PortUse::TunnelOut { server, class } => {
+            (PortUse::TunnelOut { server, class }, PortLink::Ring(ring)) => {
                 let Some(link) = self.opening.remove(&(server, class)) else {
                     return;
                 };
                 self.out_ports.insert((server, class), port);
                 self.bridge(port, link, ring);
             }
-            PortUse::TunnelIn { tunnel } => {
+            (PortUse::TunnelIn { tunnel }, PortLink::Ring(ring)) => {
                 let Some(link) = self.inbound_links.remove(&tunnel) else {
                     return;
                 };
                 self.in_ports.insert(tunnel, port);
                 self.bridge(port, link, ring);
             }
+            (usage, _) => tracing::warn!(port, ?usage, "a ready port with the wrong kind of link"),
         }
     }
 
@@ -367,10 +431,10 @@ impl Driver {
             Waiter::Client(tx) => {
                 let mut token = None;
                 if let Ok(Reply::Attached { uid, port }) = &result {
-                    if let Some(ring) = self.rings.remove(port) {
+                    if let Some(link) = self.rings.remove(port) {
                         let t = random_token();
                         if let Ok(mut pending) = self.shared.pending_data.lock() {
-                            pending.insert(t, (uid.device(), ring));
+                            pending.insert(t, (uid.device(), link));
                         }
                         token = Some(t);
                     }
@@ -380,22 +444,30 @@ impl Driver {
         }
     }
 
-    /// Turns a batch's replies into the core's results, keeping the ring
-    /// links of attached ports.
+    /// Turns a batch's replies into the core's results, keeping the links
+    /// of attached ports (`links`: the batch's caller-supplied ones).
     fn replies(
         &mut self,
         replies: Result<
             Vec<Result<PlaneReply, uniplane_overlay::PlaneError>>,
             uniplane_overlay::PlaneError,
         >,
+        mut links: Vec<Option<PortLink>>,
     ) -> Result<Vec<Result<OpResult, uniplane_overlay::PlaneError>>, uniplane_overlay::PlaneError>
     {
         Ok(replies?
             .into_iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 r.map(|reply| match reply {
                     PlaneReply::Attached(port, ring) => {
-                        self.rings.insert(port, ring);
+                        self.rings.insert(port, PortLink::Ring(ring));
+                        OpResult::Attached(port)
+                    }
+                    PlaneReply::AttachedIo(port) => {
+                        if let Some(link) = links.get_mut(i).and_then(Option::take) {
+                            self.rings.insert(port, link);
+                        }
                         OpResult::Attached(port)
                     }
                     _ => OpResult::Done,

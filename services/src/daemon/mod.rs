@@ -32,7 +32,6 @@ use uniplane_control::{
     AccessRule, ControlConfig, ControlError, DefaultAction as CoreDefault, DeviceSpec, Event,
     Limits, MultiHopRoute, PeerSpec, UidMatch,
 };
-use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
 
 pub use self::observe::parse_policy;
@@ -168,7 +167,7 @@ struct Shared {
     stacks: Vec<Arc<dyn Stack>>,
     inputs: mpsc::Sender<Input>,
     /// Data links waiting for their process: token → (device, link).
-    pending_data: Mutex<std::collections::HashMap<u64, (u16, RingLink)>>,
+    pending_data: Mutex<std::collections::HashMap<u64, (u16, driver::PortLink)>>,
     next_session: AtomicU64,
 }
 
