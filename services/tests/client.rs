@@ -131,19 +131,3 @@ async fn one_session_writes_into_another_sessions_window_and_reads_it_back() {
     );
     assert_eq!(window.to_vec(), before);
 }
-
-#[test]
-fn the_client_and_the_daemon_resolve_the_same_runtime_dir() {
-    assert_eq!(
-        uniplane_client::runtime_dir(None),
-        uniplane_services::daemon::runtime_dir(None)
-    );
-    assert_eq!(
-        uniplane_client::CONTROL_SOCKET,
-        uniplane_services::daemon::CONTROL_SOCKET
-    );
-    assert_eq!(
-        uniplane_client::DATA_SOCKET,
-        uniplane_services::daemon::DATA_SOCKET
-    );
-}

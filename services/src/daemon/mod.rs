@@ -71,33 +71,9 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError
     move |source| DaemonError::Io { what, source }
 }
 
-/// The runtime directory: the configured one (`runtime.dir`), else
-/// `UNIPLANE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/uniplane`, else
-/// `/tmp/uniplane-$UID`.
-pub fn runtime_dir(configured: Option<&Path>) -> PathBuf {
-    if let Some(dir) = configured {
-        return dir.to_owned();
-    }
-    if let Some(dir) = std::env::var_os("UNIPLANE_RUNTIME_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(dir).join("uniplane");
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc_getuid() };
-    PathBuf::from(format!("/tmp/uniplane-{uid}"))
-}
-
-extern "C" {
-    #[link_name = "getuid"]
-    fn libc_getuid() -> u32;
-}
-
-/// Control socket file name inside the runtime directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
-/// Data socket file name inside the runtime directory.
-pub const DATA_SOCKET: &str = "data.sock";
+// The client finds the daemon by the same directory and socket names:
+// one definition, in the client crate.
+pub use uniplane_client::{runtime_dir, CONTROL_SOCKET, DATA_SOCKET};
 
 /// Device number of the daemon itself.
 pub const DAEMON_DEVICE: u16 = uniplane_control::DAEMON_DEVICE;
