@@ -170,16 +170,21 @@ fn attaching_beyond_the_rtl_ports_is_refused_and_detach_frees_one() {
 fn a_segment_that_cannot_be_put_back_together_is_counted_not_delivered() {
     let mut plane = RtlPlane::new(RtlPlaneConfig {
         model: Model::N4,
+        reassembly_timeout: Duration::from_millis(20),
         ..RtlPlaneConfig::default()
     });
     let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
     let (b, mut lb) = plane.attach(PortSpec::app("b")).unwrap();
     plane.add_route(a, Route::exact(uid(2), b)).unwrap();
     plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
-    // A middle segment with no message open for it.
+    // A middle segment with no message open for it, and a first segment
+    // whose others never come.
     let mut seg = send_msg(1, 2, 1, 32);
     seg.set_segment_flags(MsgFlags::EMPTY);
     block_on(la.send(seg)).unwrap();
+    let mut first = send_msg(1, 2, 3, 32);
+    first.set_segment_flags(MsgFlags::FIRST);
+    block_on(la.send(first)).unwrap();
     block_on(la.send(send_msg(1, 2, 2, 32))).unwrap();
     let mut got = Vec::new();
     for _ in 0..200 {
@@ -189,7 +194,11 @@ fn a_segment_that_cannot_be_put_back_together_is_counted_not_delivered() {
         }
     }
     assert_eq!(got, vec![2]);
-    assert_eq!(plane.counters(b).unwrap().reassembly.orphans, 1);
+    std::thread::sleep(Duration::from_millis(30));
+    plane.step();
+    let r = plane.counters(b).unwrap().reassembly;
+    assert_eq!((r.orphans, r.incomplete, r.completed), (1, 1, 0), "{r:?}");
+    assert!(lb.next().now_or_never().is_none(), "nothing handed over");
 }
 
 /// What one trace gives on a plane: an app `a`, a tunnel `t` of MTU 1000
@@ -263,6 +272,46 @@ fn a_message_above_a_tunnel_mtu_leaves_as_segments_and_segments_reach_an_app_who
     assert_eq!(m.payload().as_ref(), &want[..]);
     assert_eq!(cb.reassembly.completed, 1);
     assert_eq!(cb.reassembly.orphans + cb.reassembly.incomplete, 0);
+    assert!(plane.stop().is_some());
+}
+
+#[test]
+fn a_slow_tunnel_reader_loses_no_segment_the_output_is_held_instead() {
+    let mut plane = spawn(Model::N4, 8);
+    let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
+    let (t, mut lt) = plane.attach(PortSpec::tunnel("t", 0, 100)).unwrap();
+    plane.add_route(a, Route::exact(uid(2), t)).unwrap();
+    plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
+    const N: u32 = 40;
+    let sender = std::thread::spawn(move || {
+        for seq in 0..N {
+            block_on(la.send(send_msg(1, 2, seq, 1000))).unwrap();
+        }
+        la
+    });
+    // Each message leaves as 10 segments, in order.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < (N * 10) as usize && Instant::now() < deadline {
+        if let Some(Some(Ok(m))) = lt.next().now_or_never() {
+            got.push((m.header().seqnum, m.payload().len(), m.header().flags));
+            if got.len() % 25 == 0 {
+                // A slow reader: the ring of 8 fills while it sleeps.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert_eq!(got.len(), (N * 10) as usize, "every segment arrived");
+    for (i, (seq, len, flags)) in got.iter().enumerate() {
+        assert_eq!(*seq, (i / 10) as u32, "in order, none missing");
+        assert_eq!(*len, 100);
+        assert_eq!(flags.contains(MsgFlags::FIRST), i % 10 == 0);
+        assert_eq!(flags.contains(MsgFlags::LAST), i % 10 == 9);
+    }
+    let _la = sender.join().unwrap();
+    assert_eq!(plane.counters(t).unwrap().segments, u64::from(N * 10));
     assert!(plane.stop().is_some());
 }
 
