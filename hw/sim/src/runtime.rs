@@ -27,39 +27,47 @@
 //! CPU. The [`RtlPlaneHandle`] it returns is a `PlaneHandle` (async,
 //! batched: the daemon's) and a blocking `ForwardingPlane` (tests, tools).
 //!
-//! What the RTL does not do is refused, never approximated:
+//! Segmentation and reassembly are the bridge's, in software, as a NIC
+//! driver would do them; the RTL carries every message as it came, whole
+//! or segment, up to `Message::MAX_PAYLOAD` bytes of payload (the 16-bit
+//! `msg_length`; the datapath counts lengths in 17 bits):
 //!
-//! - **Segmentation.** The RTL carries every message whole, up to
-//!   `Message::MAX_PAYLOAD` bytes of payload (the 16-bit `msg_length`; the
-//!   datapath counts lengths in 17 bits). A port whose MTU is below that
-//!   would need messages cut for it: `attach` refuses it with
-//!   `PlaneError::Unsupported`.
-//! - **Reassembly.** A segment (a message without both FIRST and LAST,
-//!   other than a self-describing memory request) that reaches an
-//!   application or device port is not delivered: the engine would put it
-//!   back together, the RTL cannot. It is dropped and counted in that
-//!   port's `reassembly.orphans` (a segment with no message open for it,
-//!   which in a plane that opens none is every segment).
+//! - **Segmentation.** A message the RTL delivers to a port that does not
+//!   reassemble (a tunnel) whose payload is above that port's MTU is cut
+//!   with the overlay's [`segment`] before it enters the output ring, as
+//!   the engine cuts it before its output queue. Segments pass through as
+//!   they are. They count in that port's `segments` (the engine counts
+//!   them on the port the message came in by, which the RTL's output does
+//!   not tell).
+//! - **Reassembly.** What the RTL delivers to an application or device
+//!   port goes through a [`Reassembler`] (bounded bytes, timeout) before
+//!   the output ring, as in the engine: whole messages and self-describing
+//!   memory requests pass, segments wait for their message; what cannot
+//!   be put back together is counted in the port's `reassembly` counters
+//!   and never handed over as if whole.
 //! - **The underlay** streams of `uniplane_top` are not bridged; this
 //!   plane serves the overlay ports.
+//!
+//! The port counters' `tx_*` are the RTL's: what its output delivered,
+//! before the bridge cut or joined it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uniplane_dataplane::ring::{ring_link, Consumer, Producer, RingLink};
 use uniplane_dataplane::sched::Policy;
-use uniplane_dataplane::wire::{MsgFlags, ParamForm};
 use uniplane_dataplane::{Message, Uid};
 use uniplane_overlay::acl::{AclRule, ConnKey};
 use uniplane_overlay::remote::{channel, PlaneFuture, PlaneHandle, PlaneInbox, PlaneRemote};
+use uniplane_overlay::segment::{segment, Reassembler};
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{
-    ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortId, PortSpec,
-    RunMode,
+    EngineConfig, ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortId,
+    PortSpec, RunMode,
 };
 
 use crate::device::RtlDevice;
@@ -84,6 +92,11 @@ pub struct RtlPlaneConfig {
     pub ring_depth: usize,
     /// Clock cycles one pass runs while anything moves.
     pub cycles_per_pass: u64,
+    /// Payload bytes an application or device port holds for messages
+    /// under reassembly.
+    pub reassembly_bytes: usize,
+    /// How long a segmented message may take to arrive whole.
+    pub reassembly_timeout: Duration,
 }
 
 impl Default for RtlPlaneConfig {
@@ -92,6 +105,8 @@ impl Default for RtlPlaneConfig {
             model: Model::N8,
             ring_depth: 256,
             cycles_per_pass: 64,
+            reassembly_bytes: EngineConfig::default().reassembly_bytes,
+            reassembly_timeout: EngineConfig::default().reassembly_timeout,
         }
     }
 }
@@ -101,13 +116,18 @@ struct Attached {
     spec: PortSpec,
     input: Consumer<Message>,
     output: Producer<Message>,
-    /// Delivered by the RTL, not yet in the output ring.
+    /// Largest payload a message leaving through the port carries.
+    mtu: usize,
+    /// Delivered by the RTL (cut or put back together), not yet in the
+    /// output ring.
     staged: VecDeque<Message>,
     /// The RTL's counters when the port was attached (they are not reset
     /// in hardware; a port's counters start from here).
     base: PortCounters,
-    /// Segments not delivered because the RTL does not reassemble.
-    orphans: u64,
+    /// Puts segments back together (application and device ports).
+    reassembler: Option<Reassembler>,
+    /// Segments cut for messages above `mtu`.
+    segments: u64,
 }
 
 /// The RTL forwarding plane: a simulated `uniplane_top` with its overlay
@@ -123,6 +143,8 @@ pub struct RtlPlane {
     last_beats: u64,
     /// Cycles run since a beat last moved.
     quiet: u64,
+    /// Time zero of the reassemblers' clocks.
+    epoch: Instant,
 }
 
 impl RtlPlane {
@@ -138,6 +160,7 @@ impl RtlPlane {
             commands: None,
             last_beats: 0,
             quiet: QUIET_CYCLES,
+            epoch: Instant::now(),
         };
         // No port is attached: routes to any of them miss, as in an
         // engine with no ports.
@@ -203,12 +226,33 @@ impl RtlPlane {
         } else {
             self.quiet = self.quiet.saturating_add(self.config.cycles_per_pass);
         }
+        self.expire();
         work + self.deliver()
+    }
+
+    /// Abandons messages under reassembly whose segments stopped coming.
+    fn expire(&mut self) {
+        let now = self.epoch.elapsed();
+        for a in self.ports.iter_mut().flatten() {
+            let Some(r) = a.reassembler.as_mut().filter(|r| r.open() > 0) else {
+                continue;
+            };
+            r.expire(now, |inc| {
+                tracing::debug!(
+                    port = %a.spec.name,
+                    src = %inc.header.src,
+                    seq = inc.header.seqnum,
+                    received = inc.received,
+                    "reassembly timed out"
+                );
+            });
+        }
     }
 
     /// Moves what every output delivered into its ring; holds an output
     /// whose ring is full, releases it when the ring has room.
     fn deliver(&mut self) -> usize {
+        let now = self.epoch.elapsed();
         let mut moved = 0;
         for p in 0..self.ports.len() {
             let delivered = self.dev.take_delivered(Stream::Port, p);
@@ -217,16 +261,7 @@ impl RtlPlane {
                 None => false,
                 Some(a) => {
                     for d in delivered {
-                        if a.spec.kind.reassembles() && is_segment(&d.message) {
-                            a.orphans += 1;
-                            tracing::debug!(
-                                port = %a.spec.name,
-                                src = %d.message.header().src,
-                                "segment dropped: the RTL plane does not reassemble"
-                            );
-                            continue;
-                        }
-                        a.staged.push_back(d.message);
+                        a.take(d.message, now);
                     }
                     if a.output.is_closed() {
                         // Its user is gone: keep the RTL moving.
@@ -375,10 +410,23 @@ impl RtlPlane {
     }
 }
 
-/// Whether `m` is one segment of a longer message, which only a
-/// reassembling plane could deliver.
-fn is_segment(m: &Message) -> bool {
-    !m.header().flags.contains(MsgFlags::WHOLE) && m.kind().form() != ParamForm::Memory
+impl Attached {
+    /// Takes one message the RTL delivered to this port into `staged`:
+    /// put back together for a port that reassembles, cut to the MTU for
+    /// one that does not.
+    fn take(&mut self, m: Message, now: Duration) {
+        if let Some(r) = self.reassembler.as_mut() {
+            if let Some(whole) = r.push(m, now) {
+                self.staged.push_back(whole);
+            }
+            return;
+        }
+        let staged = &mut self.staged;
+        let n = segment(m, self.mtu, |s| staged.push_back(s));
+        if n > 1 {
+            self.segments += n as u64;
+        }
+    }
 }
 
 /// `now - base`, field by field.
@@ -403,15 +451,10 @@ impl ForwardingPlane for RtlPlane {
         "rtl"
     }
 
-    /// Attaches `spec` to the lowest free RTL port. Refuses a port whose
-    /// MTU is below `Message::MAX_PAYLOAD`: the RTL cannot cut messages.
+    /// Attaches `spec` to the lowest free RTL port. Messages leaving
+    /// through it are cut to its MTU (a tunnel) or put back together (an
+    /// application or device) by the bridge.
     fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
-        if spec.mtu < Message::MAX_PAYLOAD {
-            return Err(PlaneError::Unsupported {
-                plane: "rtl",
-                what: "cut messages to a port MTU below 65535 bytes (the RTL carries them whole)",
-            });
-        }
         let slot = self
             .ports
             .iter()
@@ -421,13 +464,18 @@ impl ForwardingPlane for RtlPlane {
         let base = self.dev.counters(p)?;
         self.dev.set_port_live(p, true)?;
         let (link, rings) = ring_link(self.config.ring_depth);
+        let reassembler = spec.kind.reassembles().then(|| {
+            Reassembler::new(self.config.reassembly_bytes, self.config.reassembly_timeout)
+        });
         self.ports[slot] = Some(Attached {
+            mtu: spec.mtu.clamp(1, Message::MAX_PAYLOAD),
             spec,
             input: rings.input,
             output: rings.output,
             staged: VecDeque::new(),
             base,
-            orphans: 0,
+            reassembler,
+            segments: 0,
         });
         Ok((p, link))
     }
@@ -518,9 +566,12 @@ impl ForwardingPlane for RtlPlane {
 
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
         let a = self.attached(port)?;
-        let (base, orphans) = (a.base, a.orphans);
+        let base = a.base;
+        let segments = a.segments;
+        let reassembly = a.reassembler.as_ref().map(Reassembler::stats);
         let mut c = since(self.dev.counters(port)?, base);
-        c.reassembly.orphans = orphans;
+        c.segments = segments;
+        c.reassembly = reassembly.unwrap_or_default();
         Ok(c)
     }
 }

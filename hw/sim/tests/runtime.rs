@@ -14,8 +14,8 @@ use uniplane_overlay::acl::{AclRule, ConnKey, TypeSet};
 use uniplane_overlay::remote::block_on;
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{
-    Engine, EngineConfig, ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortId, PortSpec,
-    RunMode,
+    Engine, EngineConfig, ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortId,
+    PortSpec, RunMode,
 };
 
 fn uid(d: u16) -> Uid {
@@ -167,23 +167,24 @@ fn attaching_beyond_the_rtl_ports_is_refused_and_detach_frees_one() {
 }
 
 #[test]
-fn what_the_rtl_cannot_do_is_refused_not_approximated() {
+fn a_segment_that_cannot_be_put_back_together_is_counted_not_delivered() {
     let mut plane = RtlPlane::new(RtlPlaneConfig {
         model: Model::N4,
+        reassembly_timeout: Duration::from_millis(20),
         ..RtlPlaneConfig::default()
     });
-    assert!(matches!(
-        plane.attach(PortSpec::tunnel("t", 0, 1400)),
-        Err(PlaneError::Unsupported { plane: "rtl", .. })
-    ));
-    // A segment reaching an app port is counted, not delivered.
     let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
     let (b, mut lb) = plane.attach(PortSpec::app("b")).unwrap();
     plane.add_route(a, Route::exact(uid(2), b)).unwrap();
     plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
+    // A middle segment with no message open for it, and a first segment
+    // whose others never come.
     let mut seg = send_msg(1, 2, 1, 32);
-    seg.set_segment_flags(MsgFlags::FIRST);
+    seg.set_segment_flags(MsgFlags::EMPTY);
     block_on(la.send(seg)).unwrap();
+    let mut first = send_msg(1, 2, 3, 32);
+    first.set_segment_flags(MsgFlags::FIRST);
+    block_on(la.send(first)).unwrap();
     block_on(la.send(send_msg(1, 2, 2, 32))).unwrap();
     let mut got = Vec::new();
     for _ in 0..200 {
@@ -193,7 +194,151 @@ fn what_the_rtl_cannot_do_is_refused_not_approximated() {
         }
     }
     assert_eq!(got, vec![2]);
-    assert_eq!(plane.counters(b).unwrap().reassembly.orphans, 1);
+    std::thread::sleep(Duration::from_millis(30));
+    plane.step();
+    let r = plane.counters(b).unwrap().reassembly;
+    assert_eq!((r.orphans, r.incomplete, r.completed), (1, 1, 0), "{r:?}");
+    assert!(lb.next().now_or_never().is_none(), "nothing handed over");
+}
+
+/// What one trace gives on a plane: an app `a`, a tunnel `t` of MTU 1000
+/// and an app `b`. A 4000-byte message goes from `a` out through `t`; the
+/// segments of another 4000-byte message come in by `t` for `b`. Returns
+/// what left through `t`, what reached `b`, and the counters of `t` and
+/// `b`.
+fn cut_and_join<P: ForwardingPlane>(
+    plane: &mut P,
+) -> (Vec<Message>, Vec<Message>, PortCounters, PortCounters) {
+    let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
+    let (t, mut lt) = plane.attach(PortSpec::tunnel("t", 0, 1000)).unwrap();
+    let (b, mut lb) = plane.attach(PortSpec::app("b")).unwrap();
+    plane.add_route(a, Route::exact(uid(3), t)).unwrap();
+    plane.add_route(t, Route::exact(uid(2), b)).unwrap();
+    plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
+    plane.add_acl_rule(t, AclRule::ALLOW_ALL).unwrap();
+
+    let payload: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+    let mut out = Message::send(uid(1).port(11), uid(3).port(23), Bytes::from(payload)).unwrap();
+    out.set_seqnum(5);
+    block_on(la.send(out)).unwrap();
+    let mut left = Vec::new();
+    while let Some(m) = recv(&mut lt, Duration::from_secs(2)) {
+        let last = m.header().flags.contains(MsgFlags::LAST);
+        left.push(m);
+        if last {
+            break;
+        }
+    }
+
+    let payload: Vec<u8> = (0..4000u32).map(|i| (i * 13) as u8).collect();
+    let mut into = Message::send(uid(4).port(14), uid(2).port(22), Bytes::from(payload)).unwrap();
+    into.set_seqnum(9);
+    let mut segments = Vec::new();
+    uniplane_overlay::segment::segment(into, 1000, |s| segments.push(s));
+    for s in segments {
+        block_on(lt.send(s)).unwrap();
+    }
+    let mut reached = Vec::new();
+    if let Some(m) = recv(&mut lb, Duration::from_secs(2)) {
+        reached.push(m);
+    }
+    // Nothing else follows.
+    reached.extend(recv(&mut lb, Duration::from_millis(50)));
+    left.extend(recv(&mut lt, Duration::from_millis(50)));
+    let ct = plane.counters(t).unwrap();
+    let cb = plane.counters(b).unwrap();
+    (left, reached, ct, cb)
+}
+
+#[test]
+fn a_message_above_a_tunnel_mtu_leaves_as_segments_and_segments_reach_an_app_whole() {
+    let mut plane = spawn(Model::N4, 64);
+    let (left, reached, ct, cb) = cut_and_join(&mut plane);
+    assert!(left.len() >= 4, "{} segments", left.len());
+    assert!(left.iter().all(|m| m.payload().len() <= 1000));
+    assert!(left[0].header().flags.contains(MsgFlags::FIRST));
+    assert!(left.last().unwrap().header().flags.contains(MsgFlags::LAST));
+    assert!(left.iter().all(|m| m.header().seqnum == 5));
+    let joined: Vec<u8> = left.iter().flat_map(|m| m.payload().to_vec()).collect();
+    let want: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+    assert_eq!(joined, want);
+    assert_eq!(ct.segments, left.len() as u64);
+
+    assert_eq!(reached.len(), 1, "one whole message");
+    let m = &reached[0];
+    assert!(m.header().flags.contains(MsgFlags::WHOLE));
+    assert_eq!(m.header().seqnum, 9);
+    let want: Vec<u8> = (0..4000u32).map(|i| (i * 13) as u8).collect();
+    assert_eq!(m.payload().as_ref(), &want[..]);
+    assert_eq!(cb.reassembly.completed, 1);
+    assert_eq!(cb.reassembly.orphans + cb.reassembly.incomplete, 0);
+    assert!(plane.stop().is_some());
+}
+
+#[test]
+fn a_slow_tunnel_reader_loses_no_segment_the_output_is_held_instead() {
+    let mut plane = spawn(Model::N4, 8);
+    let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
+    let (t, mut lt) = plane.attach(PortSpec::tunnel("t", 0, 100)).unwrap();
+    plane.add_route(a, Route::exact(uid(2), t)).unwrap();
+    plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
+    const N: u32 = 40;
+    let sender = std::thread::spawn(move || {
+        for seq in 0..N {
+            block_on(la.send(send_msg(1, 2, seq, 1000))).unwrap();
+        }
+        la
+    });
+    // Each message leaves as 10 segments, in order.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < (N * 10) as usize && Instant::now() < deadline {
+        if let Some(Some(Ok(m))) = lt.next().now_or_never() {
+            got.push((m.header().seqnum, m.payload().len(), m.header().flags));
+            if got.len() % 25 == 0 {
+                // A slow reader: the ring of 8 fills while it sleeps.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert_eq!(got.len(), (N * 10) as usize, "every segment arrived");
+    for (i, (seq, len, flags)) in got.iter().enumerate() {
+        assert_eq!(*seq, (i / 10) as u32, "in order, none missing");
+        assert_eq!(*len, 100);
+        assert_eq!(flags.contains(MsgFlags::FIRST), i % 10 == 0);
+        assert_eq!(flags.contains(MsgFlags::LAST), i % 10 == 9);
+    }
+    let _la = sender.join().unwrap();
+    assert_eq!(plane.counters(t).unwrap().segments, u64::from(N * 10));
+    assert!(plane.stop().is_some());
+}
+
+#[test]
+fn the_engine_and_the_rtl_cut_and_join_alike() {
+    let mut engine = Engine::new(EngineConfig {
+        max_ports: 4,
+        ..EngineConfig::default()
+    })
+    .spawn(RunMode::SpinThenPark { spins: 64 });
+    let mut rtl = spawn(Model::N4, 64);
+    let (e_left, e_reached, e_t, e_b) = cut_and_join(&mut engine);
+    let (r_left, r_reached, r_t, r_b) = cut_and_join(&mut rtl);
+    let view = |ms: &[Message]| -> Vec<_> {
+        ms.iter()
+            .map(|m| (*m.header(), m.payload().clone()))
+            .collect()
+    };
+    assert_eq!(view(&r_left), view(&e_left), "through the tunnel");
+    assert_eq!(view(&r_reached), view(&e_reached), "to the app");
+    assert_eq!(r_b.reassembly, e_b.reassembly);
+    // The engine counts segments on the port the message came in by; the
+    // RTL bridge on the port they leave through.
+    assert_eq!(r_t.segments, e_left.len() as u64);
+    assert_eq!(e_t.segments + r_b.segments, 0);
+    assert!(engine.stop().is_some());
+    assert!(rtl.stop().is_some());
 }
 
 #[test]
