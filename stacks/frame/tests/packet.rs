@@ -99,7 +99,7 @@ fn frames_cross_a_veth_through_both_rings_in_order_with_jumbo_sizes() {
             // Paced: the receiver's ring holds 8 MiB.
             for chunk in 0..(n / 1000) {
                 send(&mut dev, dst, 1000, |i| len(chunk * 1000 + i));
-                std::thread::sleep(Duration::from_millis(2));
+                std::thread::sleep(Duration::from_millis(6));
             }
             dev.stats()
         })
