@@ -282,16 +282,8 @@ pub struct PolicyRule {
     pub allow: bool,
 }
 
-/// What happens when no rule matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DefaultAction {
-    /// Everything is allowed.
-    Allow,
-    /// Everything is denied.
-    Deny,
-    /// Traffic between resources of this server is allowed; the rest denied.
-    AllowLocal,
-}
+/// What happens when no rule matches: the control core's own type.
+pub use uniplane_control::DefaultAction;
 
 /// A stack the daemon runs.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,13 +29,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use uniplane_control::{
-    AccessRule, ControlConfig, ControlError, DefaultAction as CoreDefault, DeviceSpec, Event,
-    Limits, MultiHopRoute, PeerSpec, UidMatch,
+    AccessRule, ControlConfig, ControlError, DeviceSpec, Event, Limits, MultiHopRoute, PeerSpec,
+    UidMatch,
 };
 use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
 
 pub use self::observe::parse_policy;
-use crate::config::{Config, DefaultAction, DeviceKind};
+use crate::config::{Config, DeviceKind};
 use crate::control::PeerRequest;
 pub use uniplane_overlay::PlaneHandle;
 
@@ -331,11 +331,7 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
                 allow: r.allow,
             })
             .collect(),
-        default_action: match config.default_action {
-            DefaultAction::Allow => CoreDefault::Allow,
-            DefaultAction::Deny => CoreDefault::Deny,
-            DefaultAction::AllowLocal => CoreDefault::AllowLocal,
-        },
+        default_action: config.default_action,
         heartbeat: config.heartbeat,
         misses: config.misses,
         verdict_timeout: Duration::from_secs(2),
