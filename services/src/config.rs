@@ -116,6 +116,15 @@ struct RawConfig {
     policy: RawPolicy,
     #[serde(default)]
     failure: RawFailure,
+    #[serde(default)]
+    cluster: RawCluster,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    /// The cluster secret's file (`uniplane cluster keygen FILE`).
+    secret: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default)]
@@ -394,6 +403,10 @@ pub struct Config {
     pub heartbeat: std::time::Duration,
     /// Missed heartbeats that declare a peer failed.
     pub misses: u32,
+    /// The cluster secret's file: peers prove they hold the same secret
+    /// before any peer message or tunnel frame is believed. Required
+    /// when the file names peers.
+    pub secret: Option<PathBuf>,
 }
 
 impl Config {
@@ -660,6 +673,7 @@ impl Config {
                 raw.failure.heartbeat_ms.unwrap_or(100).max(1),
             ),
             misses: raw.failure.misses.unwrap_or(5).max(1),
+            secret: raw.cluster.secret,
         })
     }
 
