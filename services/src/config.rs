@@ -563,6 +563,15 @@ impl Config {
             });
         }
 
+        if let (Some(first), None) = (raw.peers.first(), &raw.cluster.secret) {
+            return src.invalid(
+                first.server.span(),
+                "cluster.secret",
+                "peers are configured but no cluster secret authenticates them: \
+                 create one with `uniplane cluster keygen FILE` and name it in [cluster] secret",
+            );
+        }
+
         let mut routes = Vec::new();
         for r in &raw.routes {
             for (field, name) in [("routes.from", &r.from), ("routes.via", &r.via)] {

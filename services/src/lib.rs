@@ -5,6 +5,7 @@
 
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -78,7 +78,7 @@ impl Lan {
     }
 }
 
-fn config(lan: &Lan, i: usize, runtime: &Path, plane: &str) -> String {
+fn config(lan: &Lan, i: usize, runtime: &Path, plane: &str, secret: &Path) -> String {
     let me = lan.addrs[i];
     let mut c = format!(
         r#"
@@ -111,6 +111,9 @@ device = 2
 heartbeat_ms = 50
 misses = 6
 
+[cluster]
+secret = "{}"
+
 [policy]
 default = "allow"
 
@@ -122,6 +125,7 @@ types = ["CONNECT"]
 action = "deny"
 "#,
         runtime.display(),
+        secret.display(),
         lan.addrs[2],
         lan.addrs[0],
     );
@@ -260,12 +264,16 @@ async fn three_servers(planes: [&str; 3]) {
         std::process::id(),
         planes.join("-")
     ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("cluster.key");
+    let _ = std::fs::remove_file(&secret);
+    uniplane_services::auth::Key::generate(&secret).unwrap();
     let mut servers: Vec<Server> = (0..3)
         .map(|i| {
             let runtime = dir.join(format!("s{i}"));
             std::fs::create_dir_all(&runtime).unwrap();
             let file = dir.join(format!("s{i}.toml"));
-            std::fs::write(&file, config(&lan, i, &runtime, planes[i])).unwrap();
+            std::fs::write(&file, config(&lan, i, &runtime, planes[i], &secret)).unwrap();
             Server {
                 ns_name: lan.servers[i].name().to_owned(),
                 config: file,

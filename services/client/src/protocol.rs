@@ -145,12 +145,21 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum PeerRequest {
-    /// First line on a peer channel: who is calling.
+    /// First line on a peer channel: who is calling, and a fresh nonce
+    /// (32 hex digits) the answer's proof must cover.
     Hello {
         /// The caller's server ID.
         server: Ipv4Addr,
         /// The caller's name.
         name: String,
+        /// The caller's nonce.
+        nonce: String,
+    },
+    /// Second line: the caller's proof that it holds the cluster secret
+    /// (32 hex digits). Every later line is sealed.
+    Prove {
+        /// The proof.
+        proof: String,
     },
     /// Liveness; answered by nothing (the other side sends its own).
     Heartbeat,

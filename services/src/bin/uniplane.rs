@@ -48,6 +48,11 @@ enum Command {
         #[command(subcommand)]
         what: PlaneCommand,
     },
+    /// The cluster's shared secret (no daemon needed).
+    Cluster {
+        #[command(subcommand)]
+        what: ClusterCommand,
+    },
     /// Shows or sets a device port's scheduling policy.
     Policy {
         /// Device number.
@@ -111,6 +116,17 @@ enum PlaneCommand {
     Dump,
 }
 
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Creates a new cluster secret in FILE (mode 0600; an existing file
+    /// is never overwritten). Copy it to every server of the cluster and
+    /// name it in `[cluster] secret`.
+    Keygen {
+        /// Where to write it.
+        file: std::path::PathBuf,
+    },
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -128,6 +144,21 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: &Args) -> Result<(), ClientError> {
+    if let Command::Cluster {
+        what: ClusterCommand::Keygen { file },
+    } = &args.command
+    {
+        uniplane_services::auth::Key::generate(file).map_err(|e| ClientError::Daemon {
+            kind: "cluster".into(),
+            message: e.to_string(),
+        })?;
+        if args.json {
+            println!("{}", json!({ "ok": true, "file": file }));
+        } else {
+            println!("wrote a new cluster secret to {}", file.display());
+        }
+        return Ok(());
+    }
     let client = Client::connect_default().await?;
     let simple = |req: Request| req;
     let req = match &args.command {
@@ -137,6 +168,7 @@ async fn run(args: &Args) -> Result<(), ClientError> {
         Command::Connections => Request::Connections,
         Command::Tables { device } => Request::Tables { device: *device },
         Command::Stats => Request::Stats,
+        Command::Cluster { .. } => unreachable!("answered above, without the daemon"),
         Command::Plane {
             what: PlaneCommand::Dump,
         } => {

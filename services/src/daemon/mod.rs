@@ -18,6 +18,8 @@ mod data;
 mod driver;
 mod observe;
 mod peers;
+mod seal;
+mod security;
 mod sessions;
 mod tunnels;
 
@@ -56,6 +58,9 @@ pub enum DaemonError {
     /// The plane refused a setup step.
     #[error("plane: {0}")]
     Plane(#[from] uniplane_overlay::PlaneError),
+    /// The cluster secret cannot be used.
+    #[error(transparent)]
+    Secret(#[from] crate::auth::SecretError),
     /// A stack could not listen.
     #[error("stack {stack}: {source}")]
     Stack {
@@ -145,6 +150,10 @@ struct Shared {
     /// Data links waiting for their process: token → (device, link).
     pending_data: Mutex<std::collections::HashMap<u64, (u16, driver::PortLink)>>,
     next_session: AtomicU64,
+    /// The cluster secret, when the configuration names one.
+    secret: Option<crate::auth::Key>,
+    /// What was refused from outside.
+    security: security::Security,
 }
 
 impl Shared {
@@ -200,6 +209,11 @@ impl Daemon {
             .iter()
             .filter_map(|s| uniplane_stacks::by_name(&s.name))
             .collect();
+        let secret = config
+            .secret
+            .as_deref()
+            .map(crate::auth::Key::load)
+            .transpose()?;
         let core_config = control_config(&config, &stacks);
         let (inputs, rx) = mpsc::channel(4096);
         let shared = Arc::new(Shared {
@@ -211,6 +225,8 @@ impl Daemon {
             inputs,
             pending_data: Mutex::new(Default::default()),
             next_session: AtomicU64::new(1),
+            secret,
+            security: security::Security::new(),
             config,
         });
         let mut driver = driver::Driver::new(shared.clone(), core_config, rx);
@@ -277,8 +293,8 @@ fn tunnel_mtu(stack: &dyn Stack) -> usize {
     stack
         .capabilities()
         .mtu
-        .saturating_sub(64)
-        .clamp(256, Message::MAX_PAYLOAD)
+        .saturating_sub(64 + seal::SEAL_OVERHEAD)
+        .clamp(256, Message::MAX_PAYLOAD - seal::SEAL_OVERHEAD)
 }
 
 /// What the core needs of the configuration.

@@ -304,6 +304,11 @@ pub(super) async fn metrics_text(shared: &Shared) -> String {
         }
     }
     out.push_str(&gauges);
+    for (name, help, value) in shared.security.metrics() {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
+        ));
+    }
     out
 }
 

@@ -3,6 +3,7 @@
 //! notices to processes leave.
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +13,9 @@ use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::wire::{Header, MsgFlags, Params, PortParams, ReqType, Request, Status};
 use uniplane_dataplane::{BoxLink, LinkExt, Locator, Message, Uid};
 
+use super::seal::{End, SealedLink, Sealer};
 use super::{tunnel_mtu, DaemonError, Input, Shared, DAEMON_DEVICE};
+use crate::auth::{nonce, tags_equal, Handshake, Key, NONCE_LEN};
 
 /// Starts a tunnel listener for every configured stack that has an
 /// address to listen on.
@@ -49,56 +52,199 @@ pub(super) async fn listen_stacks(shared: &std::sync::Arc<Shared>) -> Result<(),
     Ok(())
 }
 
-/// A tunnel a peer opened to us: its first message says who it is; the
-/// core decides whether it is welcome.
-async fn inbound(shared: std::sync::Arc<Shared>, mut link: BoxLink, mtu: usize) {
-    let mut first = Vec::with_capacity(1);
-    let hello = tokio::time::timeout(Duration::from_secs(2), link.recv_batch(&mut first, 1)).await;
-    let Ok(Ok(1)) = hello else {
+/// Handshakes on tunnels in progress at once.
+const MAX_HANDSHAKES: usize = 32;
+/// Time the other end has to complete a tunnel handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+static HANDSHAKES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_HANDSHAKES);
+
+/// A tunnel a peer opened to us: its first message says who it claims to
+/// be; it must then prove that it holds the cluster secret before the
+/// core hears of it. Its frames are sealed from then on.
+async fn inbound(shared: Arc<Shared>, link: BoxLink, mtu: usize) {
+    let Ok(_permit) = HANDSHAKES.try_acquire() else {
+        shared
+            .security
+            .refuse_tunnel("?", "too many tunnel handshakes at once");
         return;
     };
-    let m = &first[0];
-    let from = m.header().src.server();
-    if m.kind() != ReqType::Connect || m.header().dst != shared.uid() {
-        tracing::warn!(%from, "tunnel from a confused peer refused");
-        return;
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept(&shared, link)).await {
+        Ok(Ok((from, class, link))) => {
+            shared
+                .input(Input::InboundLink {
+                    from,
+                    class,
+                    mtu,
+                    link,
+                })
+                .await
+        }
+        Ok(Err((who, why))) => shared.security.refuse_tunnel(&who, &why),
+        Err(_) => shared
+            .security
+            .refuse_tunnel("?", "tunnel handshake timed out"),
     }
-    let class = m.header().request.ports().map_or(0, |(c, _)| c as u8);
-    shared
-        .input(Input::InboundLink {
-            from,
-            class,
-            mtu,
-            link,
-        })
-        .await;
+}
+
+/// The accepting end of a tunnel handshake.
+async fn accept(
+    shared: &Arc<Shared>,
+    mut link: BoxLink,
+) -> Result<(Ipv4Addr, u8, BoxLink), (String, String)> {
+    let hello = next(&mut link).await.map_err(|e| ("?".to_owned(), e))?;
+    let from = hello.header().src.server();
+    let who = from.to_string();
+    let refuse = |why: &str| (who.clone(), why.to_owned());
+    if hello.kind() != ReqType::Connect || hello.header().dst != shared.uid() {
+        return Err(refuse(
+            "the first frame is not a tunnel hello to this daemon",
+        ));
+    }
+    if !shared.config.peers.iter().any(|p| p.server == from) {
+        return Err(refuse("not a peer of this server"));
+    }
+    let secret = shared
+        .secret
+        .as_ref()
+        .ok_or_else(|| refuse("this server has no cluster secret"))?;
+    let opener_nonce: [u8; NONCE_LEN] = hello
+        .payload()
+        .as_ref()
+        .try_into()
+        .map_err(|_| refuse("the hello carries no nonce"))?;
+    let class = hello.header().request.ports().map_or(0, |(c, _)| c as u8);
+    let opener = Uid::new(from, DAEMON_DEVICE);
+    let our_nonce = nonce();
+    let hs = handshake(secret, opener, class, shared.uid(), opener_nonce, our_nonce);
+    let mut challenge = our_nonce.to_vec();
+    challenge.extend_from_slice(&hs.listener_proof());
+    let challenge = frame(ReqType::Accept, shared.uid(), opener, class, challenge)
+        .ok_or_else(|| refuse("challenge"))?;
+    link.send(challenge)
+        .await
+        .map_err(|e| refuse(&e.to_string()))?;
+    let proof = next(&mut link).await.map_err(|e| refuse(&e))?;
+    let good = proof.kind() == ReqType::Accept
+        && proof.header().src == opener
+        && tags_equal(proof.payload(), &hs.dialler_proof());
+    if !good {
+        return Err(refuse("did not prove the cluster secret"));
+    }
+    let sealer = Sealer::new(hs.session_key(), End::Acceptor, shared.uid(), opener);
+    Ok((
+        from,
+        class,
+        Box::new(SealedLink::new(link, sealer, shared.clone())),
+    ))
+}
+
+/// The handshake of the tunnel of `class` from `opener` to `acceptor`.
+fn handshake(
+    secret: &Key,
+    opener: Uid,
+    class: u8,
+    acceptor: Uid,
+    opener_nonce: [u8; NONCE_LEN],
+    acceptor_nonce: [u8; NONCE_LEN],
+) -> Handshake {
+    let mut dialler = opener.to_bytes().to_vec();
+    dialler.push(class);
+    Handshake::new(
+        secret,
+        "tunnel",
+        &dialler,
+        &acceptor.to_bytes(),
+        opener_nonce,
+        acceptor_nonce,
+    )
+}
+
+/// The next message on a link in handshake.
+async fn next(link: &mut BoxLink) -> Result<Message, String> {
+    let mut got = Vec::with_capacity(1);
+    match link.recv_batch(&mut got, 1).await {
+        Ok(1) => Ok(got.remove(0)),
+        Ok(_) => Err("closed during the handshake".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Opens our tunnel of traffic class `class` to `server`: a link of the
-/// peer's stack to its tunnel listener, and a hello naming us and the
-/// class.
-pub(super) async fn open(shared: &Shared, server: Ipv4Addr, class: u8) -> Result<BoxLink, String> {
+/// peer's stack to its tunnel listener, the handshake, and the seal.
+pub(super) async fn open(
+    shared: &Arc<Shared>,
+    server: Ipv4Addr,
+    class: u8,
+) -> Result<BoxLink, String> {
     let peer = shared
         .config
         .peers
         .iter()
         .find(|p| p.server == server)
         .ok_or("unknown peer")?;
+    let secret = shared.secret.as_ref().ok_or("no cluster secret")?;
     let stack = shared
         .stacks
         .iter()
         .find(|s| s.name() == peer.stack)
         .cloned()
         .ok_or(format!("stack {} not running", peer.stack))?;
-    let connect = stack.connect(&Locator::Socket(peer.tunnel));
-    let mut link = tokio::time::timeout(Duration::from_secs(2), connect)
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    let hello = tunnel_hello(shared.uid(), Uid::new(server, DAEMON_DEVICE), class)
+    let acceptor = Uid::new(server, DAEMON_DEVICE);
+    let handshake_ = async {
+        let mut link = stack
+            .connect(&Locator::Socket(peer.tunnel))
+            .await
+            .map_err(|e| e.to_string())?;
+        let our_nonce = nonce();
+        let hello = frame(
+            ReqType::Connect,
+            shared.uid(),
+            acceptor,
+            class,
+            our_nonce.to_vec(),
+        )
         .ok_or("hello message")?;
-    link.send(hello).await.map_err(|e| e.to_string())?;
-    Ok(link)
+        link.send(hello).await.map_err(|e| e.to_string())?;
+        let challenge = next(&mut link).await?;
+        let body = challenge.payload();
+        if challenge.kind() != ReqType::Accept
+            || challenge.header().src != acceptor
+            || body.len() != NONCE_LEN * 2
+        {
+            return Err("the peer's answer is not a tunnel challenge".to_string());
+        }
+        let their_nonce: [u8; NONCE_LEN] = body[..NONCE_LEN].try_into().unwrap_or_default();
+        let hs = handshake(
+            secret,
+            shared.uid(),
+            class,
+            acceptor,
+            our_nonce,
+            their_nonce,
+        );
+        if !tags_equal(&body[NONCE_LEN..], &hs.listener_proof()) {
+            shared
+                .security
+                .refuse_tunnel(&server.to_string(), "did not prove the cluster secret");
+            return Err("the peer did not prove the cluster secret".to_string());
+        }
+        let proof = frame(
+            ReqType::Accept,
+            shared.uid(),
+            acceptor,
+            class,
+            hs.dialler_proof().to_vec(),
+        )
+        .ok_or("proof message")?;
+        link.send(proof).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>((link, hs.session_key()))
+    };
+    let (link, key) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_)
+        .await
+        .map_err(|_| "tunnel handshake timed out".to_string())??;
+    let sealer = Sealer::new(key, End::Opener, shared.uid(), acceptor);
+    Ok(Box::new(SealedLink::new(link, sealer, shared.clone())))
 }
 
 /// Serves the daemon's own port: sends the notices handed to it, and
@@ -121,11 +267,11 @@ pub(super) async fn notices(mut link: RingLink, mut rx: mpsc::Receiver<Message>)
     }
 }
 
-/// The first message on a tunnel: a CONNECT from the opening daemon to
-/// the accepting one, whose source port carries the traffic class.
-fn tunnel_hello(from: Uid, to: Uid, class: u8) -> Option<Message> {
+/// A handshake frame of `kind` between two daemons; the source port
+/// carries the tunnel's traffic class.
+fn frame(kind: ReqType, from: Uid, to: Uid, class: u8, payload: Vec<u8>) -> Option<Message> {
     let request = Request::new(
-        ReqType::Connect,
+        kind,
         Params::Port(PortParams {
             flag: 0,
             src_port: u16::from(class),
@@ -133,7 +279,7 @@ fn tunnel_hello(from: Uid, to: Uid, class: u8) -> Option<Message> {
         }),
     )
     .ok()?;
-    Message::new(Header::new(from, to, request), Bytes::new()).ok()
+    Message::new(Header::new(from, to, request), Bytes::from(payload)).ok()
 }
 
 /// A notice from the daemon to a process: `kind` at the process's

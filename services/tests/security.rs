@@ -1,0 +1,370 @@
+//! Issue 16's findings, each tried as a hostile neighbour would: two
+//! daemons in this process that are peers on loopback, sharing a cluster
+//! secret, and an attacker that does not hold it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::SinkExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use uniplane_dataplane::wire::{Header, Params, PortParams, ReqType, Request};
+use uniplane_dataplane::{Endpoint, LinkExt, Locator, MemoryAddress, Message, Uid};
+use uniplane_services::client::{embedded, Client, Connection, Session};
+use uniplane_services::config::Config;
+use uniplane_services::Daemon;
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 16, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 16, 0, 2);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Pair {
+    a: (Daemon, Client),
+    b: (Daemon, Client),
+    b_peer: SocketAddr,
+    b_tunnel: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        self.a.0.shutdown();
+        self.b.0.shutdown();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config(
+    me: Ipv4Addr,
+    peer_listen: SocketAddr,
+    tunnel: SocketAddr,
+    other: (Ipv4Addr, SocketAddr, SocketAddr),
+    secret: &Path,
+) -> String {
+    format!(
+        r#"
+[server]
+id = "{me}"
+peer_listen = "{peer_listen}"
+
+[[stacks]]
+name = "tcp"
+listen = "{tunnel}"
+
+[[devices]]
+name = "echo"
+kind = "echo"
+device = 1
+memory = 4096
+
+[[peers]]
+server = "{}"
+address = "{}"
+tunnel = "{}"
+stack = "tcp"
+
+[failure]
+heartbeat_ms = 50
+misses = 6
+
+[policy]
+default = "allow"
+
+[cluster]
+secret = "{}"
+"#,
+        other.0,
+        other.1,
+        other.2,
+        secret.display()
+    )
+}
+
+/// Two peers, A and B, up and alive to each other.
+async fn pair(name: &str) -> Pair {
+    let dir = std::env::temp_dir().join(format!("uniplane-sec-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let addr = |p| SocketAddr::from(([127, 0, 0, 1], p));
+    let (a_peer, a_tun, b_peer, b_tun) = (
+        addr(free_port()),
+        addr(free_port()),
+        addr(free_port()),
+        addr(free_port()),
+    );
+    let ca = Config::parse(&config(A, a_peer, a_tun, (B, b_peer, b_tun), &secret), "a").unwrap();
+    let cb = Config::parse(&config(B, b_peer, b_tun, (A, a_peer, a_tun), &secret), "b").unwrap();
+    let a = embedded(ca, &dir.join("a")).await.unwrap();
+    let b = embedded(cb, &dir.join("b")).await.unwrap();
+    let pair = Pair {
+        a,
+        b,
+        b_peer,
+        b_tunnel: b_tun,
+        dir,
+    };
+    until("peers alive", Duration::from_secs(10), || async {
+        alive(&pair.a.1).await && alive(&pair.b.1).await
+    })
+    .await;
+    pair
+}
+
+async fn alive(c: &Client) -> bool {
+    c.request(&uniplane_services::control::Request::Status)
+        .await
+        .ok()
+        .and_then(|s| s["peers"].as_array().cloned())
+        .is_some_and(|p| p.iter().all(|x| x["alive"] == true) && !p.is_empty())
+}
+
+async fn until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn metric(c: &Client, name: &str) -> u64 {
+    let text = c
+        .request(&uniplane_services::control::Request::Metrics)
+        .await
+        .unwrap();
+    let text = text["text"].as_str().unwrap_or_default().to_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+/// `n` echo round trips, each answered within 2 s; how many came back.
+async fn round_trips(conn: &mut Connection, n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        let text = format!("round trip {i}");
+        if conn.send_bytes(Bytes::from(text.clone())).await.is_err() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_secs(2), conn.recv()).await {
+            Ok(Some(Ok(m))) if m.payload().as_ref() == text.as_bytes() => ok += 1,
+            _ => break,
+        }
+    }
+    ok
+}
+
+async fn app(d: &Daemon, name: &str) -> Session {
+    Client::connect(d.runtime_dir())
+        .await
+        .unwrap()
+        .attach(name)
+        .await
+        .unwrap()
+}
+
+/// Finding 1: a forged hello followed by CLOSE messages on the peer
+/// channel tore down a local application's connection. Now a channel
+/// that has not proved the cluster secret is heard no further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding1_unauthenticated_peer_channel_cannot_close_connections() {
+    let p = pair("f1").await;
+    let a_app = app(&p.a.0, "app").await;
+    let mut conn = a_app
+        .connect(Endpoint {
+            uid: Uid::new(B, 1),
+            port: 7,
+        })
+        .await
+        .unwrap();
+    assert_eq!(round_trips(&mut conn, 5).await, 5);
+    let local = conn.local();
+    let refused_before = metric(&p.b.1, "uniplane_peer_refused_total").await;
+
+    // The attacker claims to be A, skips the proof, and closes the
+    // connection, in every form the old protocol took.
+    let close = serde_json::json!({
+        "op": "close",
+        "conn": { "src": local.uid.to_string(), "src_port": local.port,
+                  "dst": Uid::new(B, 1).to_string(), "dst_port": 7 }
+    });
+    for proof in [None, Some("00".repeat(16)), Some("zz".to_owned())] {
+        let s = TcpStream::connect(p.b_peer).await.unwrap();
+        let (r, mut w) = s.into_split();
+        let mut lines = BufReader::new(r).lines();
+        let hello = serde_json::json!({"op": "hello", "server": A.to_string(), "name": "x", "nonce": "11".repeat(16)});
+        w.write_all(format!("{hello}\n").as_bytes()).await.unwrap();
+        let answer: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["ok"], true, "the challenge: {answer}");
+        if let Some(proof) = proof {
+            let prove = serde_json::json!({"op": "prove", "proof": proof});
+            w.write_all(format!("{prove}\n").as_bytes()).await.unwrap();
+        }
+        for _ in 0..20 {
+            let _ = w.write_all(format!("{close}\n").as_bytes()).await;
+        }
+        // The daemon answers a bad proof with an error and closes; without
+        // a proof, it waits out the handshake deadline.
+        let end = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(Some(_)) = lines.next_line().await {}
+        })
+        .await;
+        assert!(end.is_ok(), "the daemon closes an unproved channel");
+    }
+    assert!(metric(&p.b.1, "uniplane_peer_refused_total").await >= refused_before + 3);
+    assert_eq!(round_trips(&mut conn, 40).await, 40, "no round trip lost");
+    assert!(alive(&p.a.1).await && alive(&p.b.1).await);
+}
+
+/// Finding 2: the tunnel listener trusted the peer ID a sender claimed,
+/// so a process that is no peer injected data and knocked out the real
+/// peer's tunnel. Now a tunnel that does not prove the secret is refused
+/// and the real one carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_tunnel_from_a_non_peer_is_refused_and_the_real_one_carries_on() {
+    let p = pair("f2").await;
+    let a_app = app(&p.a.0, "app").await;
+    let b_app = app(&p.b.0, "victim").await;
+    let mut listener = b_app.listen(9).await.unwrap();
+    let mut conn = a_app
+        .connect(Endpoint {
+            uid: Uid::new(B, 1),
+            port: 7,
+        })
+        .await
+        .unwrap();
+    assert_eq!(round_trips(&mut conn, 5).await, 5);
+    let refused_before = metric(&p.b.1, "uniplane_tunnel_refused_total").await;
+
+    let tcp = uniplane_stacks::by_name("tcp").unwrap();
+    for attempt in 0..3 {
+        let mut link = tcp.connect(&Locator::Socket(p.b_tunnel)).await.unwrap();
+        let hello = Message::new(
+            Header::new(
+                Uid::new(A, 0),
+                Uid::new(B, 0),
+                Request::new(ReqType::Connect, Params::Port(PortParams::default())).unwrap(),
+            ),
+            Bytes::from(vec![7u8; 16]),
+        )
+        .unwrap();
+        let _ = link.send(hello).await;
+        // A bogus proof, then data for the victim as if from A.
+        let proof = Message::new(
+            Header::new(
+                Uid::new(A, 0),
+                Uid::new(B, 0),
+                Request::new(ReqType::Accept, Params::Port(PortParams::default())).unwrap(),
+            ),
+            Bytes::from(vec![attempt; 16]),
+        )
+        .unwrap();
+        let _ = link.send(proof).await;
+        for _ in 0..20 {
+            let m = Message::send(
+                Endpoint {
+                    uid: Uid::new(A, 5),
+                    port: 1,
+                },
+                Endpoint {
+                    uid: b_app.uid(),
+                    port: 9,
+                },
+                Bytes::from_static(b"injected"),
+            )
+            .unwrap();
+            let _ = link.send(m).await;
+        }
+        // The daemon closes the link: its stream ends (or fails).
+        let mut sink = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(n) = link.recv_batch(&mut sink, 16).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "the daemon closes an unproved tunnel");
+    }
+    until("refusals counted", Duration::from_secs(5), || async {
+        metric(&p.b.1, "uniplane_tunnel_refused_total").await >= refused_before + 3
+    })
+    .await;
+    assert_eq!(
+        round_trips(&mut conn, 40).await,
+        40,
+        "the real tunnel carries on"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), listener.accept())
+            .await
+            .is_err(),
+        "nothing reached the victim"
+    );
+    assert!(alive(&p.a.1).await && alive(&p.b.1).await);
+}
+
+/// Finding 3: a forged local source UID inside a tunnel frame passed the
+/// allow-local rule, and a one-sided write reached the echo device's
+/// memory from outside. Now such a frame never gets past the tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding3_forged_local_source_cannot_write_device_memory() {
+    let p = pair("f3").await;
+    let b_local = app(&p.b.0, "reader").await;
+    let echo = MemoryAddress {
+        uid: Uid::new(B, 1),
+        addr: 0,
+    };
+    b_local
+        .write(echo, Bytes::from_static(b"original"))
+        .await
+        .unwrap();
+    let tcp = uniplane_stacks::by_name("tcp").unwrap();
+    let mut link = tcp.connect(&Locator::Socket(p.b_tunnel)).await.unwrap();
+    let hello = Message::new(
+        Header::new(
+            Uid::new(A, 0),
+            Uid::new(B, 0),
+            Request::new(ReqType::Connect, Params::Port(PortParams::default())).unwrap(),
+        ),
+        Bytes::from(vec![1u8; 16]),
+    )
+    .unwrap();
+    let _ = link.send(hello).await;
+    for _ in 0..20 {
+        // A local source (B's own echo device), as the finding forged it.
+        let w = Message::write(Uid::new(B, 1), echo, Bytes::from_static(b"FORGED!!")).unwrap();
+        let _ = link.send(w).await;
+    }
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(n) = link.recv_batch(&mut sink, 16).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        b_local.read(echo, 8).await.unwrap().as_ref(),
+        b"original",
+        "the device's memory is untouched"
+    );
+}
