@@ -301,3 +301,33 @@ fn a_refused_removal_is_retried_and_never_leaves_a_route_to_a_gone_port() {
     assert!(h.core.resource(gone.device()).is_none());
     h.check();
 }
+
+/// Finding 4/8 of issue 16: a device number freed by a client that went
+/// away is not handed to the next client at once, so nothing of the old
+/// owner (a notice, an entry on its way out) can reach the new one; the
+/// numbers go round.
+#[test]
+fn freed_device_numbers_are_not_reused_at_once() {
+    let mut h = Harness::new(config());
+    let mut seen = std::collections::BTreeSet::new();
+    for session in 10..40 {
+        let uid = h.attach(session, "app");
+        assert!(
+            seen.insert(uid.device()),
+            "device {} handed out twice",
+            uid.device()
+        );
+        connected(h.connect(session, uid_of(&h, "echo"), 7));
+        h.event(Event::ClientClosed { session });
+        h.pump();
+        h.check();
+    }
+}
+
+fn uid_of(h: &Harness, name: &str) -> uniplane_dataplane::Uid {
+    h.core
+        .resources()
+        .find(|r| r.name == name)
+        .map(|r| r.uid)
+        .unwrap()
+}

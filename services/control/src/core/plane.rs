@@ -310,6 +310,18 @@ impl Control {
         self.sync(then);
     }
 
+    /// Whether a device number is taken, or still named by a connection.
+    fn device_in_use(&self, device: u16) -> bool {
+        let local = |u: Uid| u.server() == self.config.server && u.device() == device;
+        device == DAEMON_DEVICE
+            || self.resources.contains_key(&device)
+            || self
+                .connections
+                .keys()
+                .chain(self.pending.keys())
+                .any(|k| local(k.src) || local(k.dst))
+    }
+
     /// Adds a local resource on `port` under `device` when free, else the
     /// next free device number.
     pub(super) fn register(
@@ -322,10 +334,16 @@ impl Control {
         let device = match device {
             Some(d) if !self.resources.contains_key(&d) => d,
             _ => {
-                while self.resources.contains_key(&self.next_device) {
+                // Round robin, skipping numbers still named by a
+                // connection: a number is not handed out again while
+                // anything of its last owner may remain, so no stale
+                // notice or entry can reach the next owner.
+                while self.device_in_use(self.next_device) {
                     self.next_device = self.next_device.wrapping_add(1).max(1);
                 }
-                self.next_device
+                let d = self.next_device;
+                self.next_device = d.wrapping_add(1).max(1);
+                d
             }
         };
         let uid = Uid::new(self.config.server, device);
