@@ -504,3 +504,97 @@ async fn finding8_back_to_back_cli_sessions_all_succeed() {
     );
     daemon.shutdown();
 }
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Finding 6: 524 k CONNECT requests from a peer raised the daemon to
+/// 157 MB. A peer that holds the secret (a compromised member) floods B
+/// with CONNECTs on its own authenticated channel: B admits at most
+/// `connections_per_peer`, refuses the rest with a limit error, its
+/// memory stays bounded, and a local application is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding6_connect_flood_from_a_peer_stays_bounded() {
+    use uniplane_services::auth::{hex, unhex, Handshake, Key, LineSeal};
+    let p = pair("f6").await;
+    let secret = Key::load(&p.dir.join("cluster.key")).unwrap();
+    let s = TcpStream::connect(p.b_peer).await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut lines = BufReader::new(r).lines();
+    let nonce = [9u8; 16];
+    let hello = serde_json::json!({"op": "hello", "server": A.to_string(), "name": "flood", "nonce": hex(&nonce)});
+    w.write_all(format!("{hello}\n").as_bytes()).await.unwrap();
+    let challenge: serde_json::Value =
+        serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    let theirs: [u8; 16] = unhex(challenge["result"]["nonce"].as_str().unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let hs = Handshake::new(&secret, "peer", &A.octets(), &B.octets(), nonce, theirs);
+    let prove = serde_json::json!({"op": "prove", "proof": hex(&hs.dialler_proof())});
+    w.write_all(format!("{prove}\n").as_bytes()).await.unwrap();
+    let mut seal = LineSeal::new(hs.session_key(), true);
+    let first = lines.next_line().await.unwrap().unwrap();
+    assert!(seal.open(first.as_bytes()).is_ok(), "the channel is up");
+
+    let n: u32 = std::env::var("UNIPLANE_STRESS_FLOOD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6_000);
+    let before = rss_bytes();
+    let reader = tokio::spawn(async move {
+        let (mut ok, mut limited) = (0u32, 0u32);
+        for _ in 0..n {
+            let Ok(Some(line)) = lines.next_line().await else {
+                break;
+            };
+            let body = seal.open(line.as_bytes()).expect("sealed answers");
+            let a: serde_json::Value = serde_json::from_slice(body).unwrap();
+            if a["ok"] == true {
+                ok += 1;
+            } else if a["error"]["kind"] == "limit" {
+                limited += 1;
+            }
+        }
+        (ok, limited)
+    });
+    let mut out = LineSeal::new(hs.session_key(), true);
+    let mut batch = Vec::new();
+    for i in 0..n {
+        let connect = serde_json::json!({"op": "connect", "class": 0, "conn": {
+            "src": Uid::new(A, 3).to_string(), "src_port": (i % 60_000) as u16 + 1 + (i / 60_000) as u16,
+            "dst": Uid::new(B, 1).to_string(), "dst_port": 7 }});
+        batch.extend_from_slice(&out.seal(connect.to_string().as_bytes()));
+        batch.push(b'\n');
+        if batch.len() > 64 * 1024 {
+            w.write_all(&batch).await.unwrap();
+            batch.clear();
+        }
+    }
+    w.write_all(&batch).await.unwrap();
+    let (ok, limited) = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("every CONNECT answered")
+        .unwrap();
+    let grown = rss_bytes().saturating_sub(before);
+    eprintln!(
+        "{n} CONNECTs: {ok} admitted, {limited} refused by a limit, RSS +{} KiB",
+        grown / 1024
+    );
+    assert!(ok <= 1024, "at most connections_per_peer admitted: {ok}");
+    assert_eq!(ok + limited, n, "every other CONNECT refused by a limit");
+    assert!(grown < 64 << 20, "memory grew by {grown} bytes");
+    // A local application is still served.
+    let local = app(&p.b.0, "local").await;
+    let mut c = local
+        .connect(Endpoint {
+            uid: Uid::new(B, 1),
+            port: 7,
+        })
+        .await
+        .unwrap();
+    assert_eq!(round_trips(&mut c, 5).await, 5);
+}

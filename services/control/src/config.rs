@@ -101,6 +101,9 @@ pub struct Limits {
     pub connections: usize,
     /// Connections to one peer waiting for its verdict or a tunnel.
     pub pending_per_peer: usize,
+    /// Open connections one peer has asked for: no peer can take the
+    /// whole of `connections` from local applications and other peers.
+    pub connections_per_peer: usize,
     /// Ports one resource listens on.
     pub listening_per_resource: usize,
 }
@@ -111,6 +114,7 @@ impl Default for Limits {
             resources: 256,
             connections: 4096,
             pending_per_peer: 64,
+            connections_per_peer: 1024,
             listening_per_resource: 1024,
         }
     }

@@ -90,6 +90,14 @@ impl Control {
         if self.connections.len() + self.pending.len() >= self.config.limits.connections {
             return Err(ControlError::Limit("connections"));
         }
+        let from_peer = self
+            .connections
+            .values()
+            .filter(|c| c.peer == Some(from) && c.key.dst.server() == self.config.server)
+            .count();
+        if from_peer >= self.config.limits.connections_per_peer {
+            return Err(ControlError::Limit("connections from one peer"));
+        }
         let dst = self
             .resources
             .get(&key.dst.device())
