@@ -598,3 +598,32 @@ async fn finding6_connect_flood_from_a_peer_stays_bounded() {
         .unwrap();
     assert_eq!(round_trips(&mut c, 5).await, 5);
 }
+
+/// Finding 9 (a): a READ of one's own UID returned 0 bytes and no error.
+/// It is served like anyone's: the bytes of a registered window, or an
+/// out-of-range status outside every window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding9_read_of_own_uid_returns_the_bytes_or_an_error() {
+    let dir = std::env::temp_dir().join(format!("uniplane-sec-f9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (daemon, _client) = embedded(Config::parse(ONE, "f9").unwrap(), &dir)
+        .await
+        .unwrap();
+    let me = app(&daemon, "me").await;
+    let outside = me
+        .read(
+            MemoryAddress {
+                uid: me.uid(),
+                addr: 0,
+            },
+            8,
+        )
+        .await;
+    assert!(outside.is_err(), "no window: {outside:?}");
+    let window = me.register_window(16);
+    let at = window.at(0);
+    me.write(at, Bytes::from_static(b"my bytes")).await.unwrap();
+    let got = me.read(at, 8).await.unwrap();
+    assert_eq!(got.as_ref(), b"my bytes");
+    daemon.shutdown();
+}

@@ -331,3 +331,57 @@ fn uid_of(h: &Harness, name: &str) -> uniplane_dataplane::Uid {
         .map(|r| r.uid)
         .unwrap()
 }
+
+/// Finding 9 (b) of issue 16: answer types bypassed the ACL — any sender
+/// could push a READ_CMPL (which carries data into memory) to anyone.
+/// Now an answer passes only where its request could have gone the other
+/// way.
+#[test]
+fn answers_pass_only_where_their_request_could_have() {
+    use uniplane_dataplane::wire::{Header, MemoryParams, Params, Request};
+    let mut c = config();
+    c.default_action = DefaultAction::AllowLocal;
+    // The peer's device 9 may write to our echo device.
+    let nine = uniplane_dataplane::Uid::new(PEER, 9);
+    let echo = uniplane_dataplane::Uid::new(HERE, 1);
+    c.rules = vec![AccessRule {
+        src: UidMatch {
+            key: nine,
+            mask: uniplane_dataplane::Uid::MASK,
+        },
+        dst: UidMatch {
+            key: echo,
+            mask: uniplane_dataplane::Uid::MASK,
+        },
+        types: Some(vec![ReqType::Write]),
+        allow: true,
+    }];
+    let h = Harness::new(c);
+    let image = h.core.picture();
+    let mut acl = uniplane_overlay::acl::AccessControl::new();
+    let echo_port = h.core.resources().find(|r| r.name == "echo").unwrap().port;
+    for r in &image.ports[&echo_port].rules {
+        acl.push_rule(*r);
+    }
+    let header = |kind, src, dst| {
+        let p = Params::Memory(MemoryParams {
+            flag: 0,
+            length: 0,
+            addr: 0,
+        });
+        Header::new(src, dst, Request::new(kind, p).unwrap())
+    };
+    let remote = uniplane_dataplane::Uid::new(PEER, 3);
+    let local = uniplane_dataplane::Uid::new(HERE, 5);
+    // Unasked completions from a remote server to a local resource.
+    for kind in [ReqType::ReadCmpl, ReqType::WriteCmpl, ReqType::CopyCmpl] {
+        assert!(acl.check(&header(kind, remote, local)).is_err(), "{kind}");
+    }
+    // The echo device answers the writes device 9 may send it; device 9
+    // may not answer reads nobody let the echo device send.
+    assert!(acl.check(&header(ReqType::Write, nine, echo)).is_ok());
+    assert!(acl.check(&header(ReqType::WriteCmpl, echo, nine)).is_ok());
+    assert!(acl.check(&header(ReqType::ReadCmpl, nine, echo)).is_err());
+    // Local to local, as before.
+    assert!(acl.check(&header(ReqType::WriteCmpl, local, echo)).is_ok());
+}

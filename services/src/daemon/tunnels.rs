@@ -43,7 +43,7 @@ pub(super) async fn listen_stacks(shared: &std::sync::Arc<Shared>) -> Result<(),
                     Ok(link) => {
                         tokio::spawn(inbound(shared.clone(), link, mtu));
                     }
-                    Err(e) => tracing::warn!("tunnel accept: {e}"),
+                    Err(e) => shared.security.refuse_tunnel("?", &format!("accept: {e}")),
                 }
             }
         });

@@ -111,16 +111,12 @@ impl Control {
     }
 }
 
-/// Access rules every port gets: answers flow back, and one-sided
-/// requests follow the configured policy.
+/// Access rules every port gets: one-sided requests follow the
+/// configured policy, and each rule that lets S ask D lets D answer S —
+/// an answer passes only where its request could have, so nobody can push
+/// a completion (a READ_CMPL carries data into memory) unasked. Answers on
+/// a connection pass with the connection.
 pub(super) fn connectionless_rules(config: &ControlConfig) -> Vec<AclRule> {
-    let answers = ReqType::ALL.iter().copied().filter(|t| {
-        t.is_answer() && !matches!(t, ReqType::Accept | ReqType::Notify | ReqType::Close)
-    });
-    let mut rules = vec![AclRule {
-        types: TypeSet::of(&answers.collect::<Vec<_>>()),
-        ..AclRule::ALLOW_ALL
-    }];
     let one_sided = [
         ReqType::Write,
         ReqType::Read,
@@ -128,6 +124,26 @@ pub(super) fn connectionless_rules(config: &ControlConfig) -> Vec<AclRule> {
         ReqType::Copy,
         ReqType::CopyWrite,
     ];
+    let answers = |types: &[ReqType]| -> Vec<ReqType> {
+        let mut a: Vec<ReqType> = types.iter().filter_map(|t| t.answer()).collect();
+        a.dedup();
+        a
+    };
+    let mut rules = Vec::new();
+    let push = |rules: &mut Vec<AclRule>, rule: AclRule, types: &[ReqType]| {
+        rules.push(AclRule {
+            types: TypeSet::of(types),
+            ..rule
+        });
+        rules.push(AclRule {
+            src: rule.dst,
+            src_mask: rule.dst_mask,
+            dst: rule.src,
+            dst_mask: rule.src_mask,
+            types: TypeSet::of(&answers(types)),
+            ..rule
+        });
+    };
     for r in &config.rules {
         let types: Vec<ReqType> = match &r.types {
             Some(t) => t
@@ -137,32 +153,30 @@ pub(super) fn connectionless_rules(config: &ControlConfig) -> Vec<AclRule> {
                 .collect(),
             None => one_sided.to_vec(),
         };
-        rules.push(AclRule {
+        let rule = AclRule {
             src: r.src.key,
             src_mask: r.src.mask,
             dst: r.dst.key,
             dst_mask: r.dst.mask,
-            types: TypeSet::of(&types),
+            types: TypeSet::of(&[]),
             allow: r.allow,
-        });
+        };
+        push(&mut rules, rule, &types);
     }
-    let all_one_sided = TypeSet::of(&one_sided);
     match config.default_action {
-        DefaultAction::Allow => rules.push(AclRule {
-            types: all_one_sided,
-            ..AclRule::ALLOW_ALL
-        }),
+        DefaultAction::Allow => push(&mut rules, AclRule::ALLOW_ALL, &one_sided),
         DefaultAction::AllowLocal => {
             let here = Uid::new(config.server, 0);
             let server_mask = Uid::MASK & !0xffff;
-            rules.push(AclRule {
+            let rule = AclRule {
                 src: here,
                 src_mask: server_mask,
                 dst: here,
                 dst_mask: server_mask,
-                types: all_one_sided,
+                types: TypeSet::of(&[]),
                 allow: true,
-            });
+            };
+            push(&mut rules, rule, &one_sided);
         }
         DefaultAction::Deny => {}
     }
