@@ -55,7 +55,7 @@ pub mod stack;
 mod uid;
 pub mod wire;
 
-pub use link::{bridge, BoxLink, Link, LinkError, LinkExt};
+pub use link::{bridge, BoxLink, Link, LinkError, LinkExt, Pump};
 pub use message::Message;
 pub use port::{deferred_port, DeferredPort, PortClosed, PortHandoff, PortIo};
 pub use rng::SplitMix64;

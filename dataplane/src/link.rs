@@ -170,12 +170,12 @@ impl<L: Link + ?Sized> LinkExt for L {}
 /// side's stream ended, the first error otherwise. Messages in flight when
 /// one side ends are flushed to the other first.
 pub async fn bridge<A: Link, B: Link>(mut a: A, mut b: B) -> Result<(), LinkError> {
-    let mut ab = Half::default();
-    let mut ba = Half::default();
+    let mut ab = Pump::default();
+    let mut ba = Pump::default();
     poll_fn(|cx| loop {
         let p1 = ab.poll(cx, &mut a, &mut b)?;
         let p2 = ba.poll(cx, &mut b, &mut a)?;
-        if ab.ended || ba.ended {
+        if ab.ended() || ba.ended() {
             return Poll::Ready(Ok(()));
         }
         if !p1 && !p2 {
@@ -185,17 +185,19 @@ pub async fn bridge<A: Link, B: Link>(mut a: A, mut b: B) -> Result<(), LinkErro
     .await
 }
 
-/// One direction of a [`bridge`].
+/// One direction of a [`bridge`], for bridges that watch what they move
+/// (a tunnel that stops taking messages, say): moves batches from one link
+/// to another and tells whether anything moved and what is still owed.
 #[derive(Default)]
-struct Half {
+pub struct Pump {
     buf: Vec<Message>,
     pending: VecDeque<Message>,
     ended: bool,
 }
 
-impl Half {
+impl Pump {
     /// Moves what it can from `from` to `to`; true when something moved.
-    fn poll<F: Link, T: Link>(
+    pub fn poll<F: Link, T: Link>(
         &mut self,
         cx: &mut Context<'_>,
         from: &mut F,
@@ -223,5 +225,20 @@ impl Half {
             }
         }
         Ok(progress)
+    }
+
+    /// Whether the source's stream ended.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Messages read from the source that the destination has not taken.
+    pub fn owed(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Takes the messages still owed (when the destination failed).
+    pub fn take_owed(&mut self) -> VecDeque<Message> {
+        std::mem::take(&mut self.pending)
     }
 }

@@ -91,6 +91,16 @@ secret = "{}"
 
 /// Two peers, A and B, up and alive to each other.
 async fn pair(name: &str) -> Pair {
+    pair_via(name, |b_tunnel| async move { b_tunnel }).await
+}
+
+/// Two peers; A reaches B's tunnel listener at the address `via` gives
+/// for it (a proxy, say).
+async fn pair_via<F, Fut>(name: &str, via: F) -> Pair
+where
+    F: FnOnce(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = SocketAddr>,
+{
     let dir = std::env::temp_dir().join(format!("uniplane-sec-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -103,7 +113,12 @@ async fn pair(name: &str) -> Pair {
         addr(free_port()),
         addr(free_port()),
     );
-    let ca = Config::parse(&config(A, a_peer, a_tun, (B, b_peer, b_tun), &secret), "a").unwrap();
+    let b_seen_by_a = via(b_tun).await;
+    let ca = Config::parse(
+        &config(A, a_peer, a_tun, (B, b_peer, b_seen_by_a), &secret),
+        "a",
+    )
+    .unwrap();
     let cb = Config::parse(&config(B, b_peer, b_tun, (A, a_peer, a_tun), &secret), "b").unwrap();
     let a = embedded(ca, &dir.join("a")).await.unwrap();
     let b = embedded(cb, &dir.join("b")).await.unwrap();
@@ -626,4 +641,107 @@ async fn finding9_read_of_own_uid_returns_the_bytes_or_an_error() {
     let got = me.read(at, 8).await.unwrap();
     assert_eq!(got.as_ref(), b"my bytes");
     daemon.shutdown();
+}
+
+/// A TCP proxy that stops reading from its clients while `paused`.
+async fn pausable_proxy(
+    to: SocketAddr,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(to).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let paused = paused.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    while paused.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    match cr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Finding 10: a failed tunnel was not watched — its port filled, the
+/// application stalled behind it, and nobody was told. Here A's tunnel to
+/// B stops moving (a proxy on the way stops reading) while the peer
+/// channel stays up: A declares the tunnel failed within its failure
+/// timeout, the application is told, and once the path moves again the
+/// tunnel comes back and a new connection works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding10_a_stalled_tunnel_is_declared_failed_and_comes_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let paused = std::sync::Arc::new(AtomicBool::new(false));
+    let p = {
+        let paused = paused.clone();
+        pair_via("f10", move |b| pausable_proxy(b, paused)).await
+    };
+    let a_app = app(&p.a.0, "app").await;
+    let echo = Endpoint {
+        uid: Uid::new(B, 1),
+        port: 7,
+    };
+    let mut conn = a_app.connect(echo).await.unwrap();
+    assert_eq!(round_trips(&mut conn, 5).await, 5);
+
+    paused.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    // Send until the connection reports the failure; read what comes back.
+    let told = tokio::time::timeout(Duration::from_secs(20), async {
+        let chunk = Bytes::from(vec![0x5a; 32 * 1024]);
+        loop {
+            let step = Duration::from_millis(20);
+            match tokio::time::timeout(step, conn.send_bytes(chunk.clone())).await {
+                Ok(Err(e)) => return format!("send: {e}"),
+                Ok(Ok(())) => continue,
+                // Pushed back: look at what came back meanwhile.
+                Err(_) => {}
+            }
+            match tokio::time::timeout(step, conn.recv()).await {
+                Ok(Some(Err(e))) => return format!("recv: {e}"),
+                Ok(None) => return "closed".to_owned(),
+                Ok(Some(Ok(_))) | Err(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the application is told within 20 s");
+    eprintln!("told after {:?}: {told}", started.elapsed());
+
+    paused.store(false, Ordering::Relaxed);
+    until("peers alive again", Duration::from_secs(15), || async {
+        alive(&p.a.1).await && alive(&p.b.1).await
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match a_app.connect(echo).await {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no new connection: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(round_trips(&mut again, 5).await, 5);
 }

@@ -411,9 +411,16 @@ impl Driver {
 
     fn bridge(&mut self, port: PortId, link: BoxLink, ring: RingLink) {
         let shared = self.shared.clone();
+        let stall = self.core.config().failure_after();
         let task = tokio::spawn(async move {
-            if let Err(e) = uniplane_dataplane::bridge(link, ring).await {
-                tracing::debug!(port, "tunnel ended: {e}");
+            let ended = super::watch::bridge(link, ring, stall).await;
+            match ended.error {
+                Some(e) => tracing::warn!(
+                    port,
+                    answered = ended.answered,
+                    "tunnel failed: {e}; its queued requests were answered PeerFailed"
+                ),
+                None => tracing::debug!(port, "tunnel ended"),
             }
             shared.input(Input::BridgeEnded { port }).await;
         });

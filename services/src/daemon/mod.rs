@@ -22,6 +22,7 @@ mod seal;
 mod security;
 mod sessions;
 mod tunnels;
+mod watch;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
