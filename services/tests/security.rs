@@ -406,8 +406,8 @@ fn cycles() -> usize {
 /// Finding 4: attaching and closing quickly broke the daemon ("engine:
 /// no port N") and left dead resources until restart. 1,000 cycles of
 /// attach, connect, round trip, close and detach — some closing
-/// politely, some dropping everything at once — all succeed, and the
-/// daemon ends with what it started with.
+/// politely, some dropping everything at once, some with a burst still in
+/// flight — all succeed, and the daemon ends with what it started with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding4_attach_close_cycles_leave_nothing_behind() {
     let dir = std::env::temp_dir().join(format!("uniplane-sec-f4-{}", std::process::id()));
@@ -447,8 +447,15 @@ async fn finding4_attach_close_cycles_leave_nothing_behind() {
                     )))
                 }
             }
-            if i % 2 == 0 {
-                s.close(c).await?;
+            match i % 3 {
+                0 => s.close(c).await?,
+                // Detach while sending: a burst in flight as all goes.
+                1 => {
+                    for _ in 0..32 {
+                        c.send_bytes(Bytes::from_static(b"in flight")).await?;
+                    }
+                }
+                _ => {}
             }
             Ok::<_, uniplane_services::client::ClientError>(())
         }
