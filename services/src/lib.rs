@@ -12,6 +12,7 @@ pub mod control;
 pub mod daemon;
 pub mod devices;
 pub mod plane;
+pub mod seal;
 
 pub use config::Config;
 pub use daemon::{Daemon, DaemonError};

@@ -294,8 +294,8 @@ fn tunnel_mtu(stack: &dyn Stack) -> usize {
     stack
         .capabilities()
         .mtu
-        .saturating_sub(64 + seal::SEAL_OVERHEAD)
-        .clamp(256, Message::MAX_PAYLOAD - seal::SEAL_OVERHEAD)
+        .saturating_sub(64 + crate::seal::SEAL_OVERHEAD)
+        .clamp(256, Message::MAX_PAYLOAD - crate::seal::SEAL_OVERHEAD)
 }
 
 /// What the core needs of the configuration.

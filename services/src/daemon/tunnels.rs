@@ -13,9 +13,10 @@ use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::wire::{Header, MsgFlags, Params, PortParams, ReqType, Request, Status};
 use uniplane_dataplane::{BoxLink, LinkExt, Locator, Message, Uid};
 
-use super::seal::{End, SealedLink, Sealer};
+use super::seal::SealedLink;
 use super::{tunnel_mtu, DaemonError, Input, Shared, DAEMON_DEVICE};
 use crate::auth::{nonce, tags_equal, Handshake, Key, NONCE_LEN};
+use crate::seal::{End, Sealer};
 
 /// Starts a tunnel listener for every configured stack that has an
 /// address to listen on.
