@@ -752,3 +752,91 @@ async fn finding10_a_stalled_tunnel_is_declared_failed_and_comes_back() {
     };
     assert_eq!(round_trips(&mut again, 5).await, 5);
 }
+
+/// Bounded state: 500 connections to the peer listener that never say a
+/// word hold at most the handshake limit, each for at most the handshake
+/// deadline; the real peer's channel stays up through the flood and
+/// memory stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flood_of_silent_peer_connections_is_bounded() {
+    let p = pair("silent").await;
+    let before = rss_bytes();
+    let refused_before = metric(&p.b.1, "uniplane_peer_refused_total").await;
+    let mut held = Vec::new();
+    for _ in 0..500 {
+        if let Ok(s) = TcpStream::connect(p.b_peer).await {
+            held.push(s);
+        }
+    }
+    // Beyond the limit they are closed at once; the rest at the deadline.
+    until(
+        "every silent connection refused",
+        Duration::from_secs(10),
+        || async { metric(&p.b.1, "uniplane_peer_refused_total").await >= refused_before + 500 },
+    )
+    .await;
+    assert!(
+        alive(&p.a.1).await && alive(&p.b.1).await,
+        "the real peer stays up"
+    );
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 32 << 20, "memory grew by {grown} bytes");
+    let a_app = app(&p.a.0, "after").await;
+    let mut c = a_app
+        .connect(Endpoint {
+            uid: Uid::new(B, 1),
+            port: 7,
+        })
+        .await
+        .unwrap();
+    assert_eq!(round_trips(&mut c, 5).await, 5);
+}
+
+/// Bounded state: more sessions attach than the resource limit allows;
+/// the rest get a `limit` error, and once they leave, service resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flood_of_attaches_stops_at_the_resource_limit() {
+    let dir = std::env::temp_dir().join(format!("uniplane-sec-attach-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!("{ONE}\n[engine]\nmax_ports = 16\n");
+    let (daemon, _client) = embedded(Config::parse(&text, "attach").unwrap(), &dir)
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    let mut limited = 0;
+    for i in 0..40 {
+        let c = Client::connect(daemon.runtime_dir()).await.unwrap();
+        match c.attach(&format!("s{i}")).await {
+            Ok(s) => sessions.push(s),
+            Err(e) => {
+                let text = e.to_string();
+                assert!(text.contains("limit") || text.contains("port"), "{text}");
+                limited += 1;
+            }
+        }
+    }
+    assert!(
+        limited > 0 && sessions.len() < 16,
+        "{} attached",
+        sessions.len()
+    );
+    drop(sessions);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let c = Client::connect(daemon.runtime_dir()).await.unwrap();
+        match c.attach("after").await {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "still refused: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut c = s
+        .connect(Endpoint {
+            uid: Uid::new(Ipv4Addr::LOCALHOST, 1),
+            port: 7,
+        })
+        .await
+        .unwrap();
+    assert_eq!(round_trips(&mut c, 3).await, 3);
+    daemon.shutdown();
+}
