@@ -468,7 +468,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
             snd_una: isn,
             snd_nxt: isn,
             snd_limit: isn,
-            inflight: VecDeque::with_capacity(c.window.min(4096) as usize),
+            // Grown as the flight grows (a few doublings per connection),
+            // not a window's worth (64 KiB at the default) up front.
+            inflight: VecDeque::new(),
             sacked: 0,
             rexmit: VecDeque::new(),
             unsent: BytesMut::new(),
