@@ -10,9 +10,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::msg;
+use common::{ltl_frame as frame, msg};
 use uniplane_stacks::datagram::fault::{DatagramFaults, FaultyPath};
-use uniplane_stacks::ltl::wire::{payload_checksum, Frame, Kind, Repr, SACK_LEN};
+use uniplane_stacks::ltl::wire::{Frame, Kind, SACK_LEN};
 use uniplane_stacks::ltl::{ConnError, ConnId, Event, LtlConfig, LtlEndpoint, Recv, SendError};
 
 /// Two endpoints (addresses 1 and 2) joined by two impaired paths.
@@ -743,29 +743,6 @@ fn frames_a_nack_reported_leave_the_flight_so_the_sender_goes_past_a_gap() {
     }
     assert_eq!(got, (0..60).collect::<Vec<_>>());
     assert!(most_unacked > 8 && most_unacked <= 64, "{most_unacked}");
-}
-
-/// A frame's bytes.
-fn frame(
-    kind: Kind,
-    src: u32,
-    dst: u32,
-    seq: u32,
-    ack: u32,
-    window: u32,
-    payload: &[u8],
-) -> Vec<u8> {
-    let mut out = BytesMut::new();
-    Repr {
-        kind,
-        src_conn: src,
-        dst_conn: dst,
-        seq,
-        ack,
-        window,
-    }
-    .emit(payload, payload_checksum(payload), &mut out);
-    out.to_vec()
 }
 
 /// A one-block NACK bitmap with the given bits set (bit `i`: frame
