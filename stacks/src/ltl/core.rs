@@ -32,7 +32,7 @@
 //! A listener keeps nothing for a handshake until it completes: it answers
 //! a SYN with a SYN_ACK whose connection id and initial sequence number
 //! are a cookie, a MAC under a key of its own that changes every 64 s
-//! (see the `cookie` module), and creates the connection only when a
+//! (see [`super::cookie`]), and creates the connection only when a
 //! frame echoing a valid cookie arrives. A flood of SYNs from forged
 //! addresses costs it two hashes and one answer each, no memory. Complete
 //! handshakes that the application has not accepted yet wait in a
