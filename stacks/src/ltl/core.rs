@@ -817,7 +817,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
     fn complete_handshake(&mut self, from: A, frame: &Frame<&[u8]>, now: Instant) -> bool {
         let kind = frame.kind();
         let (id, peer_id) = (frame.dst_conn(), frame.src_conn());
-        // Until it hears from the connection, an opener sends these.
+        // Until it hears from the connection, an opener sends these. An id
+        // that is another peer's connection's is no cookie to try (and a
+        // valid cookie colliding with one, a chance of one in 2^31 per
+        // connection in the table, is refused like a stale one).
         let may_echo = matches!(kind, Kind::Ack | Kind::Data | Kind::Fin | Kind::Keepalive);
         if !self.listening || !may_echo || self.conns.contains_key(&id) {
             self.stats.unknown_conn += 1;
