@@ -10,9 +10,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::msg;
+use common::{ltl_frame as frame, msg};
 use uniplane_stacks::datagram::fault::{DatagramFaults, FaultyPath};
-use uniplane_stacks::ltl::wire::{payload_checksum, Frame, Kind, Repr, SACK_LEN};
+use uniplane_stacks::ltl::wire::{Frame, Kind, SACK_LEN};
 use uniplane_stacks::ltl::{ConnError, ConnId, Event, LtlConfig, LtlEndpoint, Recv, SendError};
 
 /// Two endpoints (addresses 1 and 2) joined by two impaired paths.
@@ -476,8 +476,12 @@ fn thousands_of_connections_fit_the_default_table() {
     let ids: Vec<_> = (0..2000)
         .map(|_| sim.a.connect(2, sim.now).unwrap())
         .collect();
+    let mut accepted = 0;
     for _ in 0..100_000 {
-        if ids.iter().all(|&id| sim.a.is_established(id)) {
+        while sim.b.accept().is_some() {
+            accepted += 1;
+        }
+        if accepted == ids.len() && ids.iter().all(|&id| sim.a.is_established(id)) {
             break;
         }
         assert!(sim.step());
@@ -633,13 +637,23 @@ fn a_gap_that_stays_open_is_nacked_again_once_per_round_trip() {
     let synack = Frame::new_checked(&out[..]).unwrap();
     assert_eq!(synack.kind(), Kind::SynAck);
     let (b_id, b_isn) = (synack.src_conn(), synack.seq());
-    // The handshake's round trip, 1 ms, is the receiver's estimate.
-    let rtt = Duration::from_millis(1);
-    let mut now = t0 + rtt;
+    let mut now = t0 + Duration::from_millis(1);
     let ack = frame(Kind::Ack, a_id, b_id, a_isn, b_isn, b_isn + 64, &[]);
     b.handle_datagram(1, &ack, now);
     let cb = b.accept().unwrap();
-    let data = |seq: u32| frame(Kind::Data, a_id, b_id, seq, b_isn, b_isn + 64, b"x");
+    // The listener's side of a handshake is not timed (its SYN_ACK left no
+    // record): the receiver's estimate, 1 ms, comes from a frame of its
+    // own and the answer to it.
+    let rtt = Duration::from_millis(1);
+    b.send(cb, &msg(0, 10)).unwrap();
+    out.clear();
+    assert_eq!(b.poll_transmit(now, &mut out), Some(1));
+    assert_eq!(Frame::new_checked(&out[..]).unwrap().kind(), Kind::Data);
+    now += rtt;
+    let acked = frame(Kind::Ack, a_id, b_id, a_isn, b_isn + 1, b_isn + 65, &[]);
+    b.handle_datagram(1, &acked, now);
+    assert_eq!(b.timing(cb).unwrap().0, Some(rtt));
+    let data = |seq: u32| frame(Kind::Data, a_id, b_id, seq, b_isn + 1, b_isn + 65, b"x");
     // Frame 1 of 0..4 is lost.
     for seq in [a_isn, a_isn + 2, a_isn + 3] {
         b.handle_datagram(1, &data(seq), now);
@@ -729,29 +743,6 @@ fn frames_a_nack_reported_leave_the_flight_so_the_sender_goes_past_a_gap() {
     }
     assert_eq!(got, (0..60).collect::<Vec<_>>());
     assert!(most_unacked > 8 && most_unacked <= 64, "{most_unacked}");
-}
-
-/// A frame's bytes.
-fn frame(
-    kind: Kind,
-    src: u32,
-    dst: u32,
-    seq: u32,
-    ack: u32,
-    window: u32,
-    payload: &[u8],
-) -> Vec<u8> {
-    let mut out = BytesMut::new();
-    Repr {
-        kind,
-        src_conn: src,
-        dst_conn: dst,
-        seq,
-        ack,
-        window,
-    }
-    .emit(payload, payload_checksum(payload), &mut out);
-    out.to_vec()
 }
 
 /// A one-block NACK bitmap with the given bits set (bit `i`: frame

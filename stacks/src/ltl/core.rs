@@ -28,6 +28,19 @@
 //! well under the window: while a gap is repaired, frames reported beyond
 //! it leave the flight and the sender goes on into the rest of the window
 //! instead of stalling for the round trip the repair takes.
+//!
+//! A listener keeps nothing for a handshake until it completes: it answers
+//! a SYN with a SYN_ACK whose connection id and initial sequence number
+//! are a cookie, a MAC under a key of its own that changes every 64 s
+//! (see [`super::cookie`]), and creates the connection only when a
+//! frame echoing a valid cookie arrives. A flood of SYNs from forged
+//! addresses costs it two hashes and one answer each, no memory. Complete
+//! handshakes that the application has not accepted yet wait in a
+//! backlog of at most [`LtlConfig::accept_backlog`] (1024 by default);
+//! beyond it handshakes are dropped and counted, and the opener tries
+//! again. The accepted side has no handshake RTT sample (it sent nothing
+//! it remembers): its first sample comes with its first acknowledged
+//! frame, and until then its timers use `initial_rto`.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -36,6 +49,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use uniplane_dataplane::{Message, SplitMix64};
 
+use super::cookie::Cookies;
 use super::wire::{
     payload_checksum, Frame, Kind, PayloadSum, Repr, HEADER_LEN, MAX_SACK_BYTES, SACK_LEN,
 };
@@ -45,6 +59,11 @@ use super::wire::{
 pub struct LtlConfig {
     /// Most connections at once (both directions).
     pub max_connections: usize,
+    /// Most connections peers opened that the application has not accepted
+    /// yet (1024 by default). Further handshakes are refused: a SYN goes
+    /// unanswered and a cookie's echo is dropped, both counted in
+    /// [`LtlStats::backlog_full`], so the opener tries again later.
+    pub accept_backlog: usize,
     /// Largest datagram, header included.
     pub max_frame: usize,
     /// Frames a receiver buffers per connection (out of order, or in order
@@ -82,6 +101,7 @@ impl Default for LtlConfig {
     fn default() -> Self {
         LtlConfig {
             max_connections: 4096,
+            accept_backlog: 1024,
             max_frame: 1472,
             window: 1024,
             max_in_flight: 256,
@@ -177,7 +197,7 @@ pub struct LtlStats {
     pub tx_frames: u64,
     /// Frames that failed a check (bad checksum, length, kind): dropped.
     pub bad_frames: u64,
-    /// Frames for no connection here.
+    /// Frames for no connection here (bad cookies included).
     pub unknown_conn: u64,
     /// DATA frames received twice.
     pub duplicates: u64,
@@ -206,7 +226,23 @@ pub struct LtlStats {
     pub refused: u64,
     /// Connections whose peer failed.
     pub peer_failures: u64,
+    /// SYNs answered with a cookie, keeping nothing.
+    pub syn_cookies: u64,
+    /// Frames for no connection here whose cookie did not check out
+    /// (forged, or older than two cookie epochs): dropped, answered with a
+    /// reset, nothing created.
+    pub bad_cookies: u64,
+    /// Handshakes refused because [`LtlConfig::accept_backlog`] connections
+    /// were waiting to be accepted.
+    pub backlog_full: u64,
+    /// SYN_ACKs and resets not sent because [`MAX_REPLIES`] were already
+    /// waiting to go.
+    pub replies_dropped: u64,
 }
+
+/// Most SYN_ACKs and resets waiting to be sent, which the endpoint sends
+/// for no connection of its own: beyond it they are dropped and counted.
+pub const MAX_REPLIES: usize = 1024;
 
 /// Shortest tail-loss probe timeout.
 const PROBE_FLOOR: Duration = Duration::from_micros(100);
@@ -295,8 +331,9 @@ struct Conn<A> {
     /// Tail-loss probe timer, and probes sent since the last progress.
     probe_at: Option<Instant>,
     probes: u32,
-    /// When the first SYN (or SYN_ACK) went, for a handshake RTT sample;
-    /// cleared when it is sent again (Karn).
+    /// When the first SYN went, for a handshake RTT sample; cleared when
+    /// it is sent again (Karn). A listener's first SYN_ACK goes from no
+    /// connection, so its side has no such sample.
     handshake_at: Option<Instant>,
     handshake_repeated: bool,
     /// Receiver: when to repeat a NACK if a gap is still open.
@@ -316,11 +353,14 @@ pub struct LtlEndpoint<A> {
     conns: HashMap<ConnId, Conn<A>>,
     by_peer: HashMap<(A, u32), ConnId>,
     listening: bool,
+    /// Makes and checks the cookies of handshakes in progress.
+    cookies: Cookies,
+    /// Complete handshakes not accepted yet.
     incoming: VecDeque<ConnId>,
     /// Connections that may have something to transmit.
     dirty: VecDeque<ConnId>,
-    /// Resets to send: destination, their id, our id.
-    resets: VecDeque<(A, u32, u32)>,
+    /// Frames of no connection to send (SYN_ACKs, resets), and where.
+    replies: VecDeque<(A, Repr)>,
     events: VecDeque<Event>,
     stats: LtlStats,
     /// Connection ids, reused by the timer walk.
@@ -328,8 +368,9 @@ pub struct LtlEndpoint<A> {
 }
 
 impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
-    /// An endpoint with no connections; `seed` picks connection ids and
-    /// initial sequence numbers.
+    /// An endpoint with no connections; `seed` picks the ids and initial
+    /// sequence numbers of the connections it opens. The keys of its SYN
+    /// cookies come from the operating system's random source.
     pub fn new(config: LtlConfig, seed: u64) -> Self {
         LtlEndpoint {
             config,
@@ -337,9 +378,10 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
             conns: HashMap::new(),
             by_peer: HashMap::new(),
             listening: false,
+            cookies: Cookies::new(),
             incoming: VecDeque::new(),
             dirty: VecDeque::new(),
-            resets: VecDeque::new(),
+            replies: VecDeque::new(),
             events: VecDeque::new(),
             stats: LtlStats::default(),
             scratch: Vec::new(),
@@ -356,9 +398,15 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
         self.stats
     }
 
-    /// Connections in the table (lingering ones included).
+    /// Connections in the table (lingering ones included). A listener
+    /// has none for handshakes in progress.
     pub fn connection_count(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Connections peers opened that wait for [`LtlEndpoint::accept`].
+    pub fn accept_queue_len(&self) -> usize {
+        self.incoming.len()
     }
 
     /// Whether peers may open connections here.
@@ -411,8 +459,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
         }
     }
 
-    fn new_conn(&mut self, peer: A, peer_id: u32, state: State, now: Instant) -> Conn<A> {
-        let isn = self.rng.next_u64() as u32;
+    fn new_conn(&self, peer: A, peer_id: u32, state: State, isn: u32, now: Instant) -> Conn<A> {
         let c = &self.config;
         Conn {
             peer,
@@ -421,7 +468,9 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
             snd_una: isn,
             snd_nxt: isn,
             snd_limit: isn,
-            inflight: VecDeque::with_capacity(c.window.min(4096) as usize),
+            // Grown as the flight grows (a few doublings per connection),
+            // not a window's worth (64 KiB at the default) up front.
+            inflight: VecDeque::new(),
             sacked: 0,
             rexmit: VecDeque::new(),
             unsent: BytesMut::new(),
@@ -476,7 +525,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
             return Err(SendError::Failed(ConnError::Reset));
         }
         let id = self.fresh_id();
-        let mut c = self.new_conn(peer, 0, State::SynSent, now);
+        let isn = self.rng.next_u64() as u32;
+        let mut c = self.new_conn(peer, 0, State::SynSent, isn, now);
         c.syn_due = true;
         self.conns.insert(id, c);
         self.mark_dirty(id);
@@ -589,7 +639,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
         if let Some(c) = self.conns.remove(&id) {
             self.by_peer.remove(&(c.peer, c.peer_id));
             if c.state == State::Established && c.error.is_none() {
-                self.resets.push_back((c.peer, c.peer_id, id));
+                // Not subject to MAX_REPLIES: one per connection at most.
+                self.replies.push_back((c.peer, reset(c.peer_id, id)));
             }
             self.events.push_back(Event::Removed(id));
         }
@@ -633,11 +684,7 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
                 && (c.peer_id == frame.src_conn()
                     || (c.state == State::SynSent && kind == Kind::SynAck))
         });
-        if !known {
-            self.stats.unknown_conn += 1;
-            if kind != Kind::Rst {
-                self.queue_reset(from, frame.src_conn(), id);
-            }
+        if !known && !self.complete_handshake(from, &frame, now) {
             return;
         }
         let window = self.config.window;
@@ -726,9 +773,11 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
         self.mark_dirty(id);
     }
 
+    /// Answers a SYN with a cookie, keeping nothing; a repeated SYN of a
+    /// connection that exists has its SYN_ACK sent again from it.
     fn handle_syn(&mut self, from: A, frame: &Frame<&[u8]>, now: Instant) {
         if let Some(&id) = self.by_peer.get(&(from, frame.src_conn())) {
-            // A repeated SYN: our SYN_ACK was lost.
+            // A repeated SYN: our SYN_ACK was lost, or delayed.
             if let Some(c) = self.conns.get_mut(&id) {
                 c.synack_due = true;
             }
@@ -740,25 +789,103 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
             self.queue_reset(from, frame.src_conn(), 0);
             return;
         }
-        let id = self.fresh_id();
-        let mut c = self.new_conn(from, frame.src_conn(), State::Established, now);
-        c.rcv_nxt = frame.seq();
-        c.advertised = c.rcv_nxt.wrapping_add(self.config.window);
-        c.snd_limit = c
-            .snd_nxt
-            .wrapping_add(frame.window().min(self.config.window));
-        c.synack_due = true;
+        if self.incoming.len() >= self.config.accept_backlog {
+            // Unanswered: the opener sends its SYN again after a timeout.
+            self.stats.backlog_full += 1;
+            return;
+        }
+        let peer_isn = frame.seq();
+        let cookie = self.cookies.make(&from, frame.src_conn(), peer_isn, now);
+        // What the connection's SYN_ACK would say: all credit, nothing read.
+        let synack = Repr {
+            kind: Kind::SynAck,
+            src_conn: cookie.id,
+            dst_conn: frame.src_conn(),
+            seq: cookie.isn,
+            ack: peer_isn,
+            window: peer_isn.wrapping_add(self.config.window),
+        };
+        if self.queue_reply(from, synack) {
+            self.stats.syn_cookies += 1;
+        }
+    }
+
+    /// A frame for no connection here: it creates one if it echoes a valid
+    /// cookie and there is room; otherwise it is counted, and answered with
+    /// a reset unless refusing it is only for now. Returns whether the
+    /// connection (the frame's `dst_conn`) now exists.
+    fn complete_handshake(&mut self, from: A, frame: &Frame<&[u8]>, now: Instant) -> bool {
+        let kind = frame.kind();
+        let (id, peer_id) = (frame.dst_conn(), frame.src_conn());
+        // Until it hears from the connection, an opener sends these. An id
+        // that is another peer's connection's is no cookie to try (and a
+        // valid cookie colliding with one, a chance of one in 2^31 per
+        // connection in the table, is refused like a stale one).
+        let may_echo = matches!(kind, Kind::Ack | Kind::Data | Kind::Fin | Kind::Keepalive);
+        if !self.listening || !may_echo || self.conns.contains_key(&id) {
+            self.stats.unknown_conn += 1;
+            if kind != Kind::Rst {
+                self.queue_reset(from, peer_id, id);
+            }
+            return false;
+        }
+        let Some(echo) = self.cookies.check(&from, peer_id, id, frame.ack(), now) else {
+            self.stats.unknown_conn += 1;
+            self.stats.bad_cookies += 1;
+            self.queue_reset(from, peer_id, id);
+            return false;
+        };
+        if self.by_peer.contains_key(&(from, peer_id)) {
+            // The peer's connection exists under another cookie (its SYN
+            // was answered twice); this one is stale.
+            self.stats.unknown_conn += 1;
+            self.queue_reset(from, peer_id, id);
+            return false;
+        }
+        if self.incoming.len() >= self.config.accept_backlog {
+            // Dropped without a word: the opener repeats itself (data,
+            // keepalives), and gets in once the application accepts.
+            self.stats.backlog_full += 1;
+            return false;
+        }
+        if self.conns.len() >= self.config.max_connections {
+            self.stats.refused += 1;
+            self.queue_reset(from, peer_id, id);
+            return false;
+        }
+        let mut c = self.new_conn(from, peer_id, State::Established, echo.isn, now);
+        c.rcv_nxt = echo.peer_isn;
+        // As the SYN_ACK said: all credit.
+        c.advertised = echo.peer_isn.wrapping_add(self.config.window);
+        // Every frame of the opener's carries its credit as an absolute
+        // limit; the SYN's is not needed.
+        let credit = frame.window().wrapping_sub(echo.isn);
+        if !before(frame.window(), echo.isn) {
+            c.snd_limit = echo.isn.wrapping_add(credit.min(self.config.window));
+        }
+        // The SYN_ACK went without a record: no handshake RTT sample, and
+        // none from a SYN_ACK sent again (Karn).
+        c.handshake_repeated = true;
         self.conns.insert(id, c);
-        self.by_peer.insert((from, frame.src_conn()), id);
+        self.by_peer.insert((from, peer_id), id);
         self.incoming.push_back(id);
         self.events.push_back(Event::Incoming);
-        self.mark_dirty(id);
+        true
     }
 
     fn queue_reset(&mut self, to: A, their: u32, ours: u32) {
-        if self.resets.len() < 1024 {
-            self.resets.push_back((to, their, ours));
+        self.queue_reply(to, reset(their, ours));
+    }
+
+    /// Queues a frame of no connection; false (and counted) when
+    /// [`MAX_REPLIES`] are waiting already.
+    fn queue_reply(&mut self, to: A, repr: Repr) -> bool {
+        if self.replies.len() >= MAX_REPLIES {
+            self.stats.replies_dropped += 1;
+            return false;
         }
+        self.replies.push_back((to, repr));
+        true
     }
 
     /// Takes a DATA or FIN frame into the receive window.
@@ -855,16 +982,8 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
 
     /// The next datagram to send: appended to `out`, destination returned.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut BytesMut) -> Option<A> {
-        if let Some((to, their, ours)) = self.resets.pop_front() {
-            Repr {
-                kind: Kind::Rst,
-                src_conn: ours,
-                dst_conn: their,
-                seq: 0,
-                ack: 0,
-                window: 0,
-            }
-            .emit_empty(out);
+        if let Some((to, repr)) = self.replies.pop_front() {
+            repr.emit_empty(out);
             self.stats.tx_frames += 1;
             return Some(to);
         }
@@ -997,6 +1116,18 @@ impl<A: Copy + Eq + Hash + std::fmt::Debug> LtlEndpoint<A> {
             }
         }
         self.scratch = ids;
+    }
+}
+
+/// A reset from our connection `ours` (0: none) to the peer's `their`.
+fn reset(their: u32, ours: u32) -> Repr {
+    Repr {
+        kind: Kind::Rst,
+        src_conn: ours,
+        dst_conn: their,
+        seq: 0,
+        ack: 0,
+        window: 0,
     }
 }
 

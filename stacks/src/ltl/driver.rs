@@ -86,6 +86,12 @@ impl<A: Addr> LtlHandle<A> {
         self.shared.lock().endpoint.stats()
     }
 
+    /// Connections in the endpoint's table; handshakes in progress at a
+    /// listener are not among them (they are SYN cookies).
+    pub fn connection_count(&self) -> usize {
+        self.shared.lock().endpoint.connection_count()
+    }
+
     fn new_ref(&self) -> Arc<Shared<A>> {
         self.shared.lock().handles += 1;
         self.shared.clone()
@@ -493,6 +499,18 @@ impl<A: Addr> LtlListener<A> {
     /// The endpoint's counters.
     pub fn stats(&self) -> LtlStats {
         self.shared.lock().endpoint.stats()
+    }
+
+    /// Connections in the endpoint's table; handshakes in progress are not
+    /// among them (they are SYN cookies).
+    pub fn connection_count(&self) -> usize {
+        self.shared.lock().endpoint.connection_count()
+    }
+
+    /// Complete handshakes waiting to be accepted (at most
+    /// [`LtlConfig::accept_backlog`]).
+    pub fn accept_queue_len(&self) -> usize {
+        self.shared.lock().endpoint.accept_queue_len()
     }
 }
 

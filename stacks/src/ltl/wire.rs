@@ -6,12 +6,12 @@
 //!  +-------+-------+-------+-------+
 //!  |version| kind  | flags | rsvd  |   version 1; flags and rsvd are 0
 //!  +-------+-------+-------+-------+
-//!  |            src_conn           |   sender's connection id
+//!  |            src_conn           |   sender's connection id (SYN_ACK: a cookie)
 //!  +-------------------------------+
 //!  |            dst_conn           |   receiver's connection id (0 in SYN)
 //!  +-------------------------------+
 //!  |              seq              |   DATA, FIN: this frame; SYN, SYN_ACK: initial
-//!  +-------------------------------+
+//!  +-------------------------------+   (SYN_ACK: a cookie)
 //!  |              ack              |   next sequence number expected
 //!  +-------------------------------+
 //!  |             window            |   credit: SYN relative, else absolute limit
@@ -21,6 +21,17 @@
 //!  |            checksum           |   CRC-32C of payload, then header (this field 0)
 //!  +-------------------------------+
 //! ```
+//!
+//! The handshake: SYN (the opener's id and initial sequence number, its
+//! credit), SYN_ACK (the listener's id and initial sequence number, the
+//! opener's initial sequence number as `ack`, credit as a limit), then
+//! any frame of the opener's. A SYN_ACK's `src_conn` and `seq` are a SYN
+//! cookie: the listener keeps nothing until the opener echoes them, which
+//! it does in every frame until the listener sends it anything else
+//! (`dst_conn` = the SYN_ACK's `src_conn`, `ack` = its `seq`). Those
+//! frames also carry the opener's credit as an absolute `window`, so the
+//! listener needs nothing of the SYN but what the cookie holds; the SYN's
+//! own `window` goes unused.
 //!
 //! Big-endian. [`Frame::new_checked`] validates once — length, version,
 //! kind, reserved bits, payload rules, checksum — and the accessors then

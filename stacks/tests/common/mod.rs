@@ -5,8 +5,9 @@ use std::future::Future;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use uniplane_dataplane::{Message, Uid};
+use uniplane_stacks::ltl::wire::{payload_checksum, Kind, Repr};
 
 /// A SEND whose sequence number and payload say `i`.
 pub fn msg(i: u32, payload_len: usize) -> Message {
@@ -17,6 +18,29 @@ pub fn msg(i: u32, payload_len: usize) -> Message {
     let mut m = Message::send(a, b, Bytes::from(payload)).unwrap();
     m.set_seqnum(i);
     m
+}
+
+/// An LTL frame's bytes, through the wire encoder.
+pub fn ltl_frame(
+    kind: Kind,
+    src: u32,
+    dst: u32,
+    seq: u32,
+    ack: u32,
+    window: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    Repr {
+        kind,
+        src_conn: src,
+        dst_conn: dst,
+        seq,
+        ack,
+        window,
+    }
+    .emit(payload, payload_checksum(payload), &mut out);
+    out.to_vec()
 }
 
 /// Runs `f`, failing the test if it takes longer than `secs` seconds.
