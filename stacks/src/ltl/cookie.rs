@@ -11,7 +11,7 @@
 //!  isn = peer_isn XOR PAD(key, peer, peer_conn, epoch)
 //! ```
 //!
-//! Both are SipHash-2-4 under the key of the 64-second epoch the SYN came
+//! Both are SipHash-2-4 (the `siphasher` crate) under the key of the 64-second epoch the SYN came
 //! in (31 bits of MAC, 32 of pad). The key is 128 random bits from the
 //! operating system, replaced at each epoch; the previous epoch's key is
 //! kept, so a cookie is good for 64 to 128 seconds. A frame for no
@@ -24,6 +24,8 @@
 //! numbers): the listener needs nothing from the SYN itself.
 
 use std::hash::{BuildHasher, Hash, Hasher};
+
+use siphasher::sip::SipHasher24;
 use std::time::{Duration, Instant};
 
 /// How long one key makes cookies. A cookie is accepted while its key is
@@ -136,7 +138,7 @@ impl Cookies {
 
 /// 32 bits that hide the opener's initial sequence number.
 fn pad<A: Hash>(key: [u64; 2], peer: &A, peer_conn: u32, epoch: u64) -> u32 {
-    let mut h = SipHasher24::new(key);
+    let mut h = SipHasher24::new_with_keys(key[0], key[1]);
     h.write_u8(PAD);
     peer.hash(&mut h);
     h.write_u32(peer_conn);
@@ -146,7 +148,7 @@ fn pad<A: Hash>(key: [u64; 2], peer: &A, peer_conn: u32, epoch: u64) -> u32 {
 
 /// The connection id: 31 bits of MAC and the epoch's parity; never 0.
 fn mac<A: Hash>(key: [u64; 2], peer: &A, peer_conn: u32, peer_isn: u32, epoch: u64) -> u32 {
-    let mut h = SipHasher24::new(key);
+    let mut h = SipHasher24::new_with_keys(key[0], key[1]);
     h.write_u8(MAC);
     peer.hash(&mut h);
     h.write_u32(peer_conn);
@@ -178,149 +180,9 @@ fn random_key() -> [u64; 2] {
     ]
 }
 
-/// SipHash-2-4 (Aumasson and Bernstein, 2012) under a 128-bit key: a
-/// keyed pseudo-random function over what is written into it.
-#[derive(Clone, Debug)]
-struct SipHasher24 {
-    v: [u64; 4],
-    /// Bytes written that do not yet fill a word, little-endian.
-    tail: u64,
-    ntail: usize,
-    length: usize,
-}
-
-impl SipHasher24 {
-    fn new(key: [u64; 2]) -> Self {
-        SipHasher24 {
-            v: [
-                key[0] ^ 0x736f_6d65_7073_6575,
-                key[1] ^ 0x646f_7261_6e64_6f6d,
-                key[0] ^ 0x6c79_6765_6e65_7261,
-                key[1] ^ 0x7465_6462_7974_6573,
-            ],
-            tail: 0,
-            ntail: 0,
-            length: 0,
-        }
-    }
-
-    fn round(&mut self) {
-        let v = &mut self.v;
-        v[0] = v[0].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(13) ^ v[0];
-        v[0] = v[0].rotate_left(32);
-        v[2] = v[2].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(16) ^ v[2];
-        v[0] = v[0].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(21) ^ v[0];
-        v[2] = v[2].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(17) ^ v[2];
-        v[2] = v[2].rotate_left(32);
-    }
-
-    fn compress(&mut self, m: u64) {
-        self.v[3] ^= m;
-        self.round();
-        self.round();
-        self.v[0] ^= m;
-    }
-}
-
-impl Hasher for SipHasher24 {
-    fn write(&mut self, mut bytes: &[u8]) {
-        self.length = self.length.wrapping_add(bytes.len());
-        if self.ntail > 0 {
-            let take = (8 - self.ntail).min(bytes.len());
-            for (i, &b) in bytes[..take].iter().enumerate() {
-                self.tail |= u64::from(b) << (8 * (self.ntail + i));
-            }
-            self.ntail += take;
-            bytes = &bytes[take..];
-            if self.ntail < 8 {
-                return;
-            }
-            let m = self.tail;
-            self.compress(m);
-            self.tail = 0;
-            self.ntail = 0;
-        }
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            self.compress(u64::from_le_bytes([
-                w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
-            ]));
-        }
-        for (i, &b) in words.remainder().iter().enumerate() {
-            self.tail |= u64::from(b) << (8 * i);
-        }
-        self.ntail = words.remainder().len();
-    }
-
-    fn finish(&self) -> u64 {
-        let mut s = self.clone();
-        s.compress(((self.length as u64 & 0xff) << 56) | self.tail);
-        s.v[2] ^= 0xff;
-        for _ in 0..4 {
-            s.round();
-        }
-        s.v[0] ^ s.v[1] ^ s.v[2] ^ s.v[3]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn reference_key() -> [u64; 2] {
-        let k: Vec<u8> = (0..16).collect();
-        [
-            u64::from_le_bytes(k[..8].try_into().unwrap()),
-            u64::from_le_bytes(k[8..].try_into().unwrap()),
-        ]
-    }
-
-    #[test]
-    fn siphash_matches_the_reference_vectors() {
-        // The paper's test vectors: key 00..0f, message 00..n-1.
-        let expect = [
-            (0, 0x726f_db47_dd0e_0e31u64),
-            (1, 0x74f8_39c5_93dc_67fd),
-            (15, 0xa129_ca61_49be_45e5),
-            (63, 0x958a_324c_eb06_4572),
-        ];
-        let msg: Vec<u8> = (0..64).collect();
-        for (n, want) in expect {
-            let mut h = SipHasher24::new(reference_key());
-            h.write(&msg[..n]);
-            assert_eq!(h.finish(), want, "{n} bytes");
-        }
-    }
-
-    #[test]
-    #[allow(deprecated)] // the standard library's SipHash-2-4, as a second opinion
-    fn siphash_agrees_with_the_standard_library_at_every_length() {
-        let msg: Vec<u8> = (0..64u32).map(|i| (i * 3 + 1) as u8).collect();
-        for n in 0..msg.len() {
-            let mut ours = SipHasher24::new([0x0123_4567, 0x89ab_cdef]);
-            let mut std = std::hash::SipHasher::new_with_keys(0x0123_4567, 0x89ab_cdef);
-            ours.write(&msg[..n]);
-            std.write(&msg[..n]);
-            assert_eq!(ours.finish(), std.finish(), "{n} bytes");
-        }
-    }
-
-    #[test]
-    fn siphash_does_not_depend_on_how_the_input_is_split() {
-        let msg: Vec<u8> = (0..40u32).map(|i| (i * 7) as u8).collect();
-        let mut whole = SipHasher24::new([3, 4]);
-        whole.write(&msg);
-        for cut in [1, 3, 8, 13, 39] {
-            let mut split = SipHasher24::new([3, 4]);
-            split.write(&msg[..cut]);
-            split.write(&msg[cut..]);
-            assert_eq!(split.finish(), whole.finish(), "cut at {cut}");
-        }
-    }
 
     #[test]
     fn a_cookie_checks_out_with_what_its_opener_echoes_and_gives_back_its_isn() {
