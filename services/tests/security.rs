@@ -270,26 +270,10 @@ async fn finding2_tunnel_from_a_non_peer_is_refused_and_the_real_one_carries_on(
     let tcp = uniplane_stacks::by_name("tcp").unwrap();
     for attempt in 0..3 {
         let mut link = tcp.connect(&Locator::Socket(p.b_tunnel)).await.unwrap();
-        let hello = Message::new(
-            Header::new(
-                Uid::new(A, 0),
-                Uid::new(B, 0),
-                Request::new(ReqType::Connect, Params::Port(PortParams::default())).unwrap(),
-            ),
-            Bytes::from(vec![7u8; 16]),
-        )
-        .unwrap();
+        let hello = daemon_frame(ReqType::Connect, Bytes::from(vec![7u8; 16]));
         let _ = link.send(hello).await;
         // A bogus proof, then data for the victim as if from A.
-        let proof = Message::new(
-            Header::new(
-                Uid::new(A, 0),
-                Uid::new(B, 0),
-                Request::new(ReqType::Accept, Params::Port(PortParams::default())).unwrap(),
-            ),
-            Bytes::from(vec![attempt; 16]),
-        )
-        .unwrap();
+        let proof = daemon_frame(ReqType::Accept, Bytes::from(vec![attempt; 16]));
         let _ = link.send(proof).await;
         for _ in 0..20 {
             let m = Message::send(
@@ -307,16 +291,10 @@ async fn finding2_tunnel_from_a_non_peer_is_refused_and_the_real_one_carries_on(
             let _ = link.send(m).await;
         }
         // The daemon closes the link: its stream ends (or fails).
-        let mut sink = Vec::new();
-        let end = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Ok(n) = link.recv_batch(&mut sink, 16).await {
-                if n == 0 {
-                    break;
-                }
-            }
-        })
-        .await;
-        assert!(end.is_ok(), "the daemon closes an unproved tunnel");
+        assert!(
+            closed_within(&mut link, Duration::from_secs(5)).await,
+            "the daemon closes an unproved tunnel"
+        );
     }
     until("refusals counted", Duration::from_secs(5), || async {
         metric(&p.b.1, "uniplane_tunnel_refused_total").await >= refused_before + 3
@@ -353,30 +331,14 @@ async fn finding3_forged_local_source_cannot_write_device_memory() {
         .unwrap();
     let tcp = uniplane_stacks::by_name("tcp").unwrap();
     let mut link = tcp.connect(&Locator::Socket(p.b_tunnel)).await.unwrap();
-    let hello = Message::new(
-        Header::new(
-            Uid::new(A, 0),
-            Uid::new(B, 0),
-            Request::new(ReqType::Connect, Params::Port(PortParams::default())).unwrap(),
-        ),
-        Bytes::from(vec![1u8; 16]),
-    )
-    .unwrap();
+    let hello = daemon_frame(ReqType::Connect, Bytes::from(vec![1u8; 16]));
     let _ = link.send(hello).await;
     for _ in 0..20 {
         // A local source (B's own echo device), as the finding forged it.
         let w = Message::write(Uid::new(B, 1), echo, Bytes::from_static(b"FORGED!!")).unwrap();
         let _ = link.send(w).await;
     }
-    let mut sink = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Ok(n) = link.recv_batch(&mut sink, 16).await {
-            if n == 0 {
-                break;
-            }
-        }
-    })
-    .await;
+    assert!(closed_within(&mut link, Duration::from_secs(5)).await);
     assert_eq!(
         b_local.read(echo, 8).await.unwrap().as_ref(),
         b"original",
@@ -396,6 +358,53 @@ device = 1
 memory = 4096
 "#;
 
+/// One daemon of `text` in this process, in a fresh runtime directory.
+async fn one(name: &str, text: &str) -> (Daemon, Client) {
+    let dir = std::env::temp_dir().join(format!("uniplane-sec-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    embedded(Config::parse(text, name).unwrap(), &dir)
+        .await
+        .unwrap()
+}
+
+/// A new application on `d` still gets five echo round trips from
+/// `server`'s echo device.
+async fn still_served(d: &Daemon, name: &str, server: Ipv4Addr) {
+    let s = app(d, name).await;
+    let mut c = s
+        .connect(Endpoint {
+            uid: Uid::new(server, 1),
+            port: 7,
+        })
+        .await
+        .unwrap();
+    assert_eq!(round_trips(&mut c, 5).await, 5);
+}
+
+/// A frame from A's daemon to B's, as a tunnel handshake sends them.
+fn daemon_frame(kind: ReqType, payload: Bytes) -> Message {
+    let request = Request::new(kind, Params::Port(PortParams::default())).unwrap();
+    Message::new(
+        Header::new(Uid::new(A, 0), Uid::new(B, 0), request),
+        payload,
+    )
+    .unwrap()
+}
+
+/// Whether the far end ends `link` (its stream ends or fails) in time.
+async fn closed_within(link: &mut uniplane_dataplane::BoxLink, limit: Duration) -> bool {
+    let mut sink = Vec::new();
+    tokio::time::timeout(limit, async {
+        while let Ok(n) = link.recv_batch(&mut sink, 16).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
 fn cycles() -> usize {
     std::env::var("UNIPLANE_STRESS_CYCLES")
         .ok()
@@ -410,11 +419,7 @@ fn cycles() -> usize {
 /// flight — all succeed, and the daemon ends with what it started with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding4_attach_close_cycles_leave_nothing_behind() {
-    let dir = std::env::temp_dir().join(format!("uniplane-sec-f4-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (daemon, client) = embedded(Config::parse(ONE, "f4").unwrap(), &dir)
-        .await
-        .unwrap();
+    let (daemon, client) = one("f4", ONE).await;
     let count = |v: serde_json::Value, key: &str| v[key].as_array().map_or(0, Vec::len);
     let resources = || async {
         count(
@@ -492,11 +497,7 @@ async fn finding4_attach_close_cycles_leave_nothing_behind() {
 /// `UNIPLANE_STRESS_CLI=10000` for the long form).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding8_back_to_back_cli_sessions_all_succeed() {
-    let dir = std::env::temp_dir().join(format!("uniplane-sec-f8-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (daemon, _client) = embedded(Config::parse(ONE, "f8").unwrap(), &dir)
-        .await
-        .unwrap();
+    let (daemon, _client) = one("f8", ONE).await;
     let runs: usize = std::env::var("UNIPLANE_STRESS_CLI")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -610,15 +611,7 @@ async fn finding6_connect_flood_from_a_peer_stays_bounded() {
     assert_eq!(ok + limited, n, "every other CONNECT refused by a limit");
     assert!(grown < 64 << 20, "memory grew by {grown} bytes");
     // A local application is still served.
-    let local = app(&p.b.0, "local").await;
-    let mut c = local
-        .connect(Endpoint {
-            uid: Uid::new(B, 1),
-            port: 7,
-        })
-        .await
-        .unwrap();
-    assert_eq!(round_trips(&mut c, 5).await, 5);
+    still_served(&p.b.0, "local", B).await;
 }
 
 /// Finding 9 (a): a READ of one's own UID returned 0 bytes and no error.
@@ -626,11 +619,7 @@ async fn finding6_connect_flood_from_a_peer_stays_bounded() {
 /// out-of-range status outside every window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding9_read_of_own_uid_returns_the_bytes_or_an_error() {
-    let dir = std::env::temp_dir().join(format!("uniplane-sec-f9-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (daemon, _client) = embedded(Config::parse(ONE, "f9").unwrap(), &dir)
-        .await
-        .unwrap();
+    let (daemon, _client) = one("f9", ONE).await;
     let me = app(&daemon, "me").await;
     let outside = me
         .read(
@@ -781,27 +770,20 @@ async fn flood_of_silent_peer_connections_is_bounded() {
     );
     let grown = rss_bytes().saturating_sub(before);
     assert!(grown < 32 << 20, "memory grew by {grown} bytes");
-    let a_app = app(&p.a.0, "after").await;
-    let mut c = a_app
-        .connect(Endpoint {
-            uid: Uid::new(B, 1),
-            port: 7,
-        })
-        .await
-        .unwrap();
-    assert_eq!(round_trips(&mut c, 5).await, 5);
+    still_served(&p.a.0, "after", B).await;
 }
 
 /// Bounded state: more sessions attach than the resource limit allows;
 /// the rest get a `limit` error, and once they leave, service resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flood_of_attaches_stops_at_the_resource_limit() {
-    let dir = std::env::temp_dir().join(format!("uniplane-sec-attach-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!("{ONE}\n[engine]\nmax_ports = 16\n");
-    let (daemon, _client) = embedded(Config::parse(&text, "attach").unwrap(), &dir)
-        .await
-        .unwrap();
+    let text = format!(
+        "{ONE}
+[engine]
+max_ports = 16
+"
+    );
+    let (daemon, _client) = one("attach", &text).await;
     let mut sessions = Vec::new();
     let mut limited = 0;
     for i in 0..40 {
