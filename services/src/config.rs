@@ -16,6 +16,10 @@ use toml::Spanned;
 use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::Uid;
 
+pub mod bounds;
+mod unique;
+use bounds::Bounds;
+
 /// The embedded default configuration (`uniplaned` with no arguments).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
@@ -56,6 +60,40 @@ pub enum ConfigError {
         /// What was expected.
         message: String,
     },
+    /// A number is outside the range its field allows.
+    #[error("{file}:{line}:{column}: field `{field}`: {value} is out of range {bounds}")]
+    OutOfRange {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The field.
+        field: String,
+        /// The value found.
+        value: i64,
+        /// The values allowed.
+        bounds: Bounds,
+    },
+    /// A value clashes with another place in the file (the same device
+    /// number twice, two listeners on one address, …).
+    #[error("{file}:{line}:{column}: field `{field}`: {message}; the other is {other}")]
+    Conflict {
+        /// The file.
+        file: String,
+        /// 1-based line of the second place.
+        line: usize,
+        /// 1-based column of the second place.
+        column: usize,
+        /// The field at the second place.
+        field: String,
+        /// What clashes.
+        message: String,
+        /// The first place: its field and `file:line:column`, or that it
+        /// is a default.
+        other: String,
+    },
 }
 
 /// Where a value came from, for error messages.
@@ -89,6 +127,66 @@ impl Source<'_> {
             column,
             field: field.to_owned(),
             message: message.to_string(),
+        })
+    }
+
+    /// `value` as a `T` when it is within `bounds`.
+    fn number<T: TryFrom<i64>>(
+        &self,
+        value: &Spanned<i64>,
+        field: &str,
+        bounds: Bounds,
+    ) -> Result<T, ConfigError> {
+        let v = *value.get_ref();
+        match T::try_from(v) {
+            Ok(n) if bounds.contains(v) => Ok(n),
+            _ => {
+                let (line, column) = self.position(value.span().start);
+                Err(ConfigError::OutOfRange {
+                    file: self.file.to_owned(),
+                    line,
+                    column,
+                    field: field.to_owned(),
+                    value: v,
+                    bounds,
+                })
+            }
+        }
+    }
+
+    /// [`Source::number`] of a field that may be absent: `default` then.
+    fn number_or<T: TryFrom<i64>>(
+        &self,
+        value: Option<&Spanned<i64>>,
+        default: T,
+        field: &str,
+        bounds: Bounds,
+    ) -> Result<T, ConfigError> {
+        value.map_or(Ok(default), |v| self.number(v, field, bounds))
+    }
+
+    /// `span`'s place as `file:line:column`.
+    fn place(&self, span: std::ops::Range<usize>) -> String {
+        let (line, column) = self.position(span.start);
+        format!("{}:{line}:{column}", self.file)
+    }
+
+    /// A [`ConfigError::Conflict`] at `span`.
+    fn conflict<T>(
+        &self,
+        span: std::ops::Range<usize>,
+        field: &str,
+        message: impl fmt::Display,
+        other: impl fmt::Display,
+    ) -> Result<T, ConfigError> {
+        let (line, column) = self.position(span.start);
+        Err(ConfigError::Conflict {
+            file: self.file.to_owned(),
+            line,
+            column,
+            field: field.to_owned(),
+            message: message.to_string(),
+            other: other.to_string(),
         })
     }
 }
@@ -145,10 +243,10 @@ struct RawRuntime {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawEngine {
-    max_ports: Option<usize>,
-    ring_depth: Option<usize>,
-    voq_depth: Option<usize>,
-    table_capacity: Option<usize>,
+    max_ports: Option<Spanned<i64>>,
+    ring_depth: Option<Spanned<i64>>,
+    voq_depth: Option<Spanned<i64>>,
+    table_capacity: Option<Spanned<i64>>,
     mode: Option<Spanned<String>>,
 }
 
@@ -162,11 +260,10 @@ struct RawStack {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDevice {
-    name: String,
+    name: Spanned<String>,
     kind: Spanned<String>,
-    device: Option<u16>,
-    #[serde(default)]
-    memory: usize,
+    device: Option<Spanned<i64>>,
+    memory: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -207,8 +304,8 @@ struct RawRule {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawFailure {
-    heartbeat_ms: Option<u64>,
-    misses: Option<u32>,
+    heartbeat_ms: Option<Spanned<i64>>,
+    misses: Option<Spanned<i64>>,
 }
 
 /// A UID pattern: `*`, `SERVER:*`, `SERVER:DEVICE`, or `A.B.C.D/LEN:*`.
@@ -520,10 +617,19 @@ impl Config {
                 }
             };
             devices.push(DeviceConfig {
-                name: d.name.clone(),
+                name: d.name.get_ref().clone(),
                 kind,
-                device: d.device,
-                memory: d.memory,
+                device: d
+                    .device
+                    .as_ref()
+                    .map(|n| src.number(n, "devices.device", bounds::DEVICE))
+                    .transpose()?,
+                memory: src.number_or(
+                    d.memory.as_ref(),
+                    0,
+                    "devices.memory",
+                    bounds::DEVICE_MEMORY,
+                )?,
             });
         }
 
@@ -660,16 +766,153 @@ impl Config {
             });
         }
 
+        let engine = &raw.engine;
+        let max_ports = src.number_or(
+            engine.max_ports.as_ref(),
+            32,
+            "engine.max_ports",
+            bounds::MAX_PORTS,
+        )?;
+        let ring_depth = src.number_or(
+            engine.ring_depth.as_ref(),
+            1024,
+            "engine.ring_depth",
+            bounds::RING_DEPTH,
+        )?;
+        let voq_depth = src.number_or(
+            engine.voq_depth.as_ref(),
+            64,
+            "engine.voq_depth",
+            bounds::VOQ_DEPTH,
+        )?;
+        let table_capacity = src.number_or(
+            engine.table_capacity.as_ref(),
+            4096,
+            "engine.table_capacity",
+            bounds::TABLE_CAPACITY,
+        )?;
+        if voq_depth as u64 * (max_ports * max_ports) as u64 > bounds::VOQ_SLOTS {
+            let span = engine
+                .voq_depth
+                .as_ref()
+                .or(engine.max_ports.as_ref())
+                .map_or(0..0, |v| v.span());
+            return src.invalid(
+                span,
+                "engine.voq_depth",
+                format!(
+                    "max_ports² × voq_depth = {max_ports}² × {voq_depth} queue slots, more than {}: \
+                     with {max_ports} ports voq_depth can be at most {}",
+                    bounds::VOQ_SLOTS,
+                    bounds::VOQ_SLOTS / (max_ports * max_ports) as u64
+                ),
+            );
+        }
+        if let Some(d) = raw.devices.get(max_ports - 1) {
+            return src.invalid(
+                d.name.span(),
+                "devices.name",
+                format!(
+                    "device `{}` needs port {} of the engine, but engine.max_ports is {max_ports} \
+                     (the daemon takes one port, each device one)",
+                    d.name.get_ref(),
+                    max_ports + 1
+                ),
+            );
+        }
+        let heartbeat_ms: u64 = src.number_or(
+            raw.failure.heartbeat_ms.as_ref(),
+            100,
+            "failure.heartbeat_ms",
+            bounds::HEARTBEAT_MS,
+        )?;
+        let misses = src.number_or(
+            raw.failure.misses.as_ref(),
+            5,
+            "failure.misses",
+            bounds::MISSES,
+        )?;
+
+        unique::refuse_duplicates(
+            &src,
+            "stacks.name",
+            raw.stacks.iter().map(|s| (s.name.get_ref(), s.name.span())),
+            |n| format!("stack `{n}`"),
+        )?;
+        unique::refuse_duplicates(
+            &src,
+            "devices.name",
+            raw.devices
+                .iter()
+                .map(|d| (d.name.get_ref(), d.name.span())),
+            |n| format!("device name `{n}`"),
+        )?;
+        unique::refuse_duplicates(
+            &src,
+            "devices.device",
+            raw.devices
+                .iter()
+                .filter_map(|d| d.device.as_ref())
+                .map(|n| (*n.get_ref(), n.span())),
+            |n| format!("device number {n}"),
+        )?;
+        unique::refuse_duplicates(
+            &src,
+            "peers.server",
+            raw.peers
+                .iter()
+                .zip(&peers)
+                .map(|(r, p)| (p.server, r.server.span())),
+            |s| format!("peer server {s}"),
+        )?;
+        if let Some((r, p)) = raw
+            .peers
+            .iter()
+            .zip(&peers)
+            .find(|(_, p)| p.server == server)
+        {
+            return src.invalid(
+                r.server.span(),
+                "peers.server",
+                format!("{} is this server's own ID (`server.id`)", p.server),
+            );
+        }
+        let mut listeners = vec![unique::Listener {
+            field: "server.peer_listen",
+            addr: peer_listen,
+            span: raw.server.peer_listen.as_ref().map(|a| a.span()),
+            transport: Some("TCP"),
+        }];
+        if let (Some(addr), Some(text)) = (metrics, raw.runtime.metrics.as_ref()) {
+            listeners.push(unique::Listener {
+                field: "runtime.metrics",
+                addr,
+                span: Some(text.span()),
+                transport: Some("TCP"),
+            });
+        }
+        for (s, raw_stack) in stacks.iter().zip(&raw.stacks) {
+            if let (Some(addr), Some(text)) = (s.listen, raw_stack.listen.as_ref()) {
+                listeners.push(unique::Listener {
+                    field: "stacks.listen",
+                    addr,
+                    span: Some(text.span()),
+                    transport: unique::stack_transport(&s.name),
+                });
+            }
+        }
+        unique::refuse_overlapping_listeners(&src, &listeners)?;
+
         Ok(Config {
             server,
             name: raw.server.name.unwrap_or_else(|| "uniplane".to_owned()),
             peer_listen,
             runtime_dir: raw.runtime.dir,
             metrics,
-            max_ports: raw.engine.max_ports.unwrap_or(32).clamp(2, 256),
-            ring_depth: raw.engine.ring_depth.unwrap_or(1024).max(2),
-            voq_depth: raw.engine.voq_depth.unwrap_or(64).max(1),
-            table_capacity: raw.engine.table_capacity.unwrap_or(4096).max(1),
+            max_ports,
+            ring_depth,
+            voq_depth,
+            table_capacity,
             mode,
             plane,
             stacks,
@@ -678,10 +921,8 @@ impl Config {
             routes,
             default_action,
             rules,
-            heartbeat: std::time::Duration::from_millis(
-                raw.failure.heartbeat_ms.unwrap_or(100).max(1),
-            ),
-            misses: raw.failure.misses.unwrap_or(5).max(1),
+            heartbeat: std::time::Duration::from_millis(heartbeat_ms),
+            misses,
             secret: raw.cluster.secret,
         })
     }
