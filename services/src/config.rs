@@ -17,6 +17,7 @@ use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::Uid;
 
 pub mod bounds;
+pub mod limits;
 mod unique;
 use bounds::Bounds;
 
@@ -216,6 +217,8 @@ struct RawConfig {
     failure: RawFailure,
     #[serde(default)]
     cluster: RawCluster,
+    #[serde(default)]
+    limits: limits::RawLimits,
 }
 
 #[derive(Deserialize, Default)]
@@ -504,6 +507,9 @@ pub struct Config {
     /// before any peer message or tunnel frame is believed. Required
     /// when the file names peers.
     pub secret: Option<PathBuf>,
+    /// Bounds on the state clients and peers can make the daemon keep
+    /// (`[limits]`; `resources` defaults to `max_ports`).
+    pub limits: uniplane_control::Limits,
 }
 
 impl Config {
@@ -833,6 +839,15 @@ impl Config {
             bounds::MISSES,
         )?;
 
+        let limits = limits::parse(
+            &src,
+            &raw.limits,
+            uniplane_control::Limits {
+                resources: max_ports,
+                ..Default::default()
+            },
+        )?;
+
         unique::refuse_duplicates(
             &src,
             "stacks.name",
@@ -924,6 +939,7 @@ impl Config {
             heartbeat: std::time::Duration::from_millis(heartbeat_ms),
             misses,
             secret: raw.cluster.secret,
+            limits,
         })
     }
 

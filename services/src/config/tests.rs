@@ -345,3 +345,85 @@ fn listeners_that_can_bind_together_are_accepted() {
         }
     }
 }
+
+#[test]
+fn limits_default_to_the_cores_and_resources_to_the_engines_ports() {
+    let c = Config::parse("[engine]\nmax_ports = 40\n", "c.toml").unwrap();
+    assert_eq!(
+        c.limits,
+        uniplane_control::Limits {
+            resources: 40,
+            ..Default::default()
+        }
+    );
+    let embedded = Config::embedded().unwrap();
+    assert_eq!(
+        embedded.limits,
+        uniplane_control::Limits {
+            resources: embedded.max_ports,
+            ..Default::default()
+        },
+        "default.toml says the core's defaults"
+    );
+}
+
+#[test]
+fn every_limit_is_read_from_the_file_and_range_checked() {
+    for f in limits::LIMIT_FIELDS {
+        for v in [f.bounds.min, f.bounds.max] {
+            let c = Config::parse(&format!("[limits]\n{} = {v}\n", f.name), "c.toml").unwrap();
+            let mut limits = c.limits;
+            assert_eq!(*(f.field)(&mut limits) as u64, v, "{}", f.name);
+        }
+        for bad in [f.bounds.min as i64 - 1, f.bounds.max as i64 + 1] {
+            let err = refused(&format!("[limits]\n{} = {bad}\n", f.name));
+            let ConfigError::OutOfRange { field, value, .. } = &err else {
+                panic!("{err}")
+            };
+            assert_eq!(
+                (field.as_str(), *value),
+                (&*format!("limits.{}", f.name), bad)
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unknown_limit_is_refused_with_the_known_ones() {
+    let err = refused("[limits]\nconnections = 10\nsockets = 3\n").to_string();
+    assert!(
+        err.starts_with("c.toml:3:1: field `limits.sockets`: unknown limit: expected one of resources, connections"),
+        "{err}"
+    );
+}
+
+/// Naming every field of `Limits` (no `..`): a field added there stops
+/// this from compiling until it has a row in `LIMIT_FIELDS`, a line in
+/// `default.toml` and one in the docs.
+#[test]
+fn every_field_of_limits_is_configurable() {
+    let uniplane_control::Limits {
+        resources: _,
+        connections: _,
+        pending_per_peer: _,
+        connections_per_peer: _,
+        listening_per_resource: _,
+    } = uniplane_control::Limits::default();
+    let names: Vec<&str> = limits::LIMIT_FIELDS.iter().map(|f| f.name).collect();
+    assert_eq!(
+        names,
+        [
+            "resources",
+            "connections",
+            "pending_per_peer",
+            "connections_per_peer",
+            "listening_per_resource"
+        ]
+    );
+    for name in names {
+        assert!(
+            DEFAULT_CONFIG.contains(&format!("{name} = ")),
+            "`{name}` is not in default.toml"
+        );
+    }
+}

@@ -32,8 +32,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use uniplane_control::{
-    AccessRule, ControlConfig, ControlError, DeviceSpec, Event, Limits, MultiHopRoute, PeerSpec,
-    UidMatch,
+    AccessRule, ControlConfig, ControlError, DeviceSpec, Event, MultiHopRoute, PeerSpec, UidMatch,
 };
 use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
 
@@ -352,9 +351,6 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
         heartbeat: config.heartbeat,
         misses: config.misses,
         verdict_timeout: Duration::from_secs(2),
-        limits: Limits {
-            resources: config.max_ports,
-            ..Limits::default()
-        },
+        limits: config.limits,
     }
 }

@@ -1,0 +1,46 @@
+//! One daemon in this process, hardened: the limits of its file are the
+//! ones it enforces, and the control protocol refuses what it does not
+//! know.
+
+use std::path::PathBuf;
+
+use uniplane_services::client::{embedded, ClientError};
+use uniplane_services::config::Config;
+
+const CONFIG: &str = r#"
+[server]
+id = "127.0.0.1"
+peer_listen = "127.0.0.1:0"
+
+[[devices]]
+name = "echo"
+kind = "echo"
+device = 1
+memory = 4096
+"#;
+
+fn runtime(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("uniplane-hardening-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limits_of_the_file_are_the_ones_the_daemon_enforces() {
+    let dir = runtime("limits");
+    let config = format!("{CONFIG}\n[limits]\nlistening_per_resource = 2\n");
+    let (_daemon, client) = embedded(Config::parse(&config, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let session = client.attach("app").await.unwrap();
+    let _a = session.listen(80).await.unwrap();
+    let _b = session.listen(81).await.unwrap();
+    let third = session.listen(82).await;
+    assert!(
+        matches!(&third, Err(ClientError::Daemon { kind, .. }) if kind == "limit"),
+        "{:?}",
+        third.err()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
