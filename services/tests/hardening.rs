@@ -44,3 +44,30 @@ async fn the_limits_of_the_file_are_the_ones_the_daemon_enforces() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding5_the_daemon_makes_its_runtime_dir_0700_and_refuses_an_open_one() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = runtime("finding5");
+    let (daemon, _client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+    daemon.shutdown();
+
+    // The same directory, opened to everyone while no daemon ran.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .err()
+        .expect("a daemon started in a directory anyone may write to");
+    let text = err.to_string();
+    for part in [&dir.display().to_string(), "mode 0777", "chmod go-w"] {
+        assert!(text.contains(part), "{part} not in: {text}");
+    }
+    assert!(
+        !dir.join(uniplane_services::daemon::CONTROL_SOCKET).exists(),
+        "no socket was bound there"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
