@@ -4,8 +4,13 @@
 
 use std::path::PathBuf;
 
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
 use uniplane_services::client::{embedded, ClientError};
 use uniplane_services::config::Config;
+use uniplane_services::control::Request;
+use uniplane_services::daemon::CONTROL_SOCKET;
 
 const CONFIG: &str = r#"
 [server]
@@ -69,5 +74,48 @@ async fn finding5_the_daemon_makes_its_runtime_dir_0700_and_refuses_an_open_one(
         !dir.join(uniplane_services::daemon::CONTROL_SOCKET).exists(),
         "no socket was bound there"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding9_unknown_control_fields_refused() {
+    let dir = runtime("finding9");
+    let (_daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let before = client.request(&Request::Resources).await.unwrap();
+
+    let stream = UnixStream::connect(dir.join(CONTROL_SOCKET)).await.unwrap();
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    for request in [
+        r#"{"op":"status","bogus":1}"#,
+        r#"{"op":"attach","name":"sneaky","bogus":1}"#,
+        r#"{"op":"connect","dst":"127.0.0.1:1","dst_port":7,"bogus":1}"#,
+        r#"{"op":"close","conn":{"src":"127.0.0.1:1","src_port":1,"dst":"127.0.0.1:2","dst_port":2,"bogus":1}}"#,
+    ] {
+        w.write_all(format!("{request}\n").as_bytes())
+            .await
+            .unwrap();
+        let answer: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["ok"], false, "{request} → {answer}");
+        assert_eq!(
+            answer["error"]["kind"], "bad-request",
+            "{request} → {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("unknown field `bogus`"),
+            "{request} → {answer}"
+        );
+    }
+    // The same requests without the unknown field are answered.
+    w.write_all(b"{\"op\":\"status\"}\n").await.unwrap();
+    let answer: serde_json::Value =
+        serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(answer["ok"], true, "{answer}");
+    let after = client.request(&Request::Resources).await.unwrap();
+    assert_eq!(before, after, "nothing attached");
     let _ = std::fs::remove_dir_all(&dir);
 }
