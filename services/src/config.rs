@@ -6,7 +6,6 @@
 //! A bad file is refused with the file, the line and column, the field and
 //! what was expected.
 
-use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -17,180 +16,15 @@ use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::Uid;
 
 pub mod bounds;
+mod error;
 pub mod limits;
 mod unique;
-use bounds::Bounds;
+
+pub use error::ConfigError;
+use error::Source;
 
 /// The embedded default configuration (`uniplaned` with no arguments).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
-
-/// Why a configuration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{file}: {source}")]
-    Io {
-        /// The file.
-        file: String,
-        /// What the system said.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML, or a field has the wrong type.
-    #[error("{file}:{line}:{column}: {message}")]
-    Syntax {
-        /// The file.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// What was wrong and what was expected.
-        message: String,
-    },
-    /// A field's value is not acceptable.
-    #[error("{file}:{line}:{column}: field `{field}`: {message}")]
-    Invalid {
-        /// The file.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// The field.
-        field: String,
-        /// What was expected.
-        message: String,
-    },
-    /// A number is outside the range its field allows.
-    #[error("{file}:{line}:{column}: field `{field}`: {value} is out of range {bounds}")]
-    OutOfRange {
-        /// The file.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// The field.
-        field: String,
-        /// The value found.
-        value: i64,
-        /// The values allowed.
-        bounds: Bounds,
-    },
-    /// A value clashes with another place in the file (the same device
-    /// number twice, two listeners on one address, …).
-    #[error("{file}:{line}:{column}: field `{field}`: {message}; the other is {other}")]
-    Conflict {
-        /// The file.
-        file: String,
-        /// 1-based line of the second place.
-        line: usize,
-        /// 1-based column of the second place.
-        column: usize,
-        /// The field at the second place.
-        field: String,
-        /// What clashes.
-        message: String,
-        /// The first place: its field and `file:line:column`, or that it
-        /// is a default.
-        other: String,
-    },
-}
-
-/// Where a value came from, for error messages.
-#[derive(Clone, Debug)]
-struct Source<'a> {
-    file: &'a str,
-    text: &'a str,
-}
-
-impl Source<'_> {
-    fn position(&self, offset: usize) -> (usize, usize) {
-        let before = &self.text[..offset.min(self.text.len())];
-        let line = before.matches('\n').count() + 1;
-        let column = before
-            .rfind('\n')
-            .map_or(before.len(), |i| before.len() - i - 1)
-            + 1;
-        (line, column)
-    }
-
-    fn invalid<T>(
-        &self,
-        span: std::ops::Range<usize>,
-        field: &str,
-        message: impl fmt::Display,
-    ) -> Result<T, ConfigError> {
-        let (line, column) = self.position(span.start);
-        Err(ConfigError::Invalid {
-            file: self.file.to_owned(),
-            line,
-            column,
-            field: field.to_owned(),
-            message: message.to_string(),
-        })
-    }
-
-    /// `value` as a `T` when it is within `bounds`.
-    fn number<T: TryFrom<i64>>(
-        &self,
-        value: &Spanned<i64>,
-        field: &str,
-        bounds: Bounds,
-    ) -> Result<T, ConfigError> {
-        let v = *value.get_ref();
-        match T::try_from(v) {
-            Ok(n) if bounds.contains(v) => Ok(n),
-            _ => {
-                let (line, column) = self.position(value.span().start);
-                Err(ConfigError::OutOfRange {
-                    file: self.file.to_owned(),
-                    line,
-                    column,
-                    field: field.to_owned(),
-                    value: v,
-                    bounds,
-                })
-            }
-        }
-    }
-
-    /// [`Source::number`] of a field that may be absent: `default` then.
-    fn number_or<T: TryFrom<i64>>(
-        &self,
-        value: Option<&Spanned<i64>>,
-        default: T,
-        field: &str,
-        bounds: Bounds,
-    ) -> Result<T, ConfigError> {
-        value.map_or(Ok(default), |v| self.number(v, field, bounds))
-    }
-
-    /// `span`'s place as `file:line:column`.
-    fn place(&self, span: std::ops::Range<usize>) -> String {
-        let (line, column) = self.position(span.start);
-        format!("{}:{line}:{column}", self.file)
-    }
-
-    /// A [`ConfigError::Conflict`] at `span`.
-    fn conflict<T>(
-        &self,
-        span: std::ops::Range<usize>,
-        field: &str,
-        message: impl fmt::Display,
-        other: impl fmt::Display,
-    ) -> Result<T, ConfigError> {
-        let (line, column) = self.position(span.start);
-        Err(ConfigError::Conflict {
-            file: self.file.to_owned(),
-            line,
-            column,
-            field: field.to_owned(),
-            message: message.to_string(),
-            other: other.to_string(),
-        })
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -848,81 +682,15 @@ impl Config {
             },
         )?;
 
-        unique::refuse_duplicates(
-            &src,
-            "stacks.name",
-            raw.stacks.iter().map(|s| (s.name.get_ref(), s.name.span())),
-            |n| format!("stack `{n}`"),
-        )?;
-        unique::refuse_duplicates(
-            &src,
-            "devices.name",
-            raw.devices
-                .iter()
-                .map(|d| (d.name.get_ref(), d.name.span())),
-            |n| format!("device name `{n}`"),
-        )?;
-        unique::refuse_duplicates(
-            &src,
-            "devices.device",
-            raw.devices
-                .iter()
-                .filter_map(|d| d.device.as_ref())
-                .map(|n| (*n.get_ref(), n.span())),
-            |n| format!("device number {n}"),
-        )?;
-        unique::refuse_duplicates(
-            &src,
-            "peers.server",
-            raw.peers
-                .iter()
-                .zip(&peers)
-                .map(|(r, p)| (p.server, r.server.span())),
-            |s| format!("peer server {s}"),
-        )?;
-        if let Some((r, p)) = raw
-            .peers
-            .iter()
-            .zip(&peers)
-            .find(|(_, p)| p.server == server)
-        {
-            return src.invalid(
-                r.server.span(),
-                "peers.server",
-                format!("{} is this server's own ID (`server.id`)", p.server),
-            );
-        }
-        let mut listeners = vec![unique::Listener {
-            field: "server.peer_listen",
-            addr: peer_listen,
-            span: raw.server.peer_listen.as_ref().map(|a| a.span()),
-            transport: Some("TCP"),
-        }];
-        if let (Some(addr), Some(text)) = (metrics, raw.runtime.metrics.as_ref()) {
-            listeners.push(unique::Listener {
-                field: "runtime.metrics",
-                addr,
-                span: Some(text.span()),
-                transport: Some("TCP"),
-            });
-        }
-        for (s, raw_stack) in stacks.iter().zip(&raw.stacks) {
-            if let (Some(addr), Some(text)) = (s.listen, raw_stack.listen.as_ref()) {
-                listeners.push(unique::Listener {
-                    field: "stacks.listen",
-                    addr,
-                    span: Some(text.span()),
-                    transport: unique::stack_transport(&s.name),
-                });
-            }
-        }
-        unique::refuse_overlapping_listeners(&src, &listeners)?;
-
-        Ok(Config {
+        let config = Config {
             server,
-            name: raw.server.name.unwrap_or_else(|| "uniplane".to_owned()),
+            name: raw
+                .server
+                .name
+                .clone()
+                .unwrap_or_else(|| "uniplane".to_owned()),
             peer_listen,
-            runtime_dir: raw.runtime.dir,
+            runtime_dir: raw.runtime.dir.clone(),
             metrics,
             max_ports,
             ring_depth,
@@ -938,9 +706,11 @@ impl Config {
             rules,
             heartbeat: std::time::Duration::from_millis(heartbeat_ms),
             misses,
-            secret: raw.cluster.secret,
+            secret: raw.cluster.secret.clone(),
             limits,
-        })
+        };
+        unique::refuse_clashes(&src, &raw, &config)?;
+        Ok(config)
     }
 
     /// Whether the policy lets `src` open or use a connection to `dst`

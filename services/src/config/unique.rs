@@ -9,11 +9,90 @@ use std::hash::Hash;
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use super::{ConfigError, Source};
+use super::{Config, ConfigError, RawConfig, Source};
+
+/// Refuses what must not appear twice in `raw` (read into `config`):
+/// device numbers and names, peer server IDs (and a peer that is this
+/// server), stacks, and listeners that cannot bind together.
+pub(super) fn refuse_clashes(
+    src: &Source<'_>,
+    raw: &RawConfig,
+    config: &Config,
+) -> Result<(), ConfigError> {
+    refuse_duplicates(
+        src,
+        "stacks.name",
+        raw.stacks.iter().map(|s| (s.name.get_ref(), s.name.span())),
+        |n| format!("stack `{n}`"),
+    )?;
+    refuse_duplicates(
+        src,
+        "devices.name",
+        raw.devices
+            .iter()
+            .map(|d| (d.name.get_ref(), d.name.span())),
+        |n| format!("device name `{n}`"),
+    )?;
+    refuse_duplicates(
+        src,
+        "devices.device",
+        raw.devices
+            .iter()
+            .filter_map(|d| d.device.as_ref())
+            .map(|n| (*n.get_ref(), n.span())),
+        |n| format!("device number {n}"),
+    )?;
+    refuse_duplicates(
+        src,
+        "peers.server",
+        raw.peers
+            .iter()
+            .zip(&config.peers)
+            .map(|(r, p)| (p.server, r.server.span())),
+        |s| format!("peer server {s}"),
+    )?;
+    if let Some((r, p)) = raw
+        .peers
+        .iter()
+        .zip(&config.peers)
+        .find(|(_, p)| p.server == config.server)
+    {
+        return src.invalid(
+            r.server.span(),
+            "peers.server",
+            format!("{} is this server's own ID (`server.id`)", p.server),
+        );
+    }
+    let mut listeners = vec![Listener {
+        field: "server.peer_listen",
+        addr: config.peer_listen,
+        span: raw.server.peer_listen.as_ref().map(|a| a.span()),
+        transport: Some("TCP"),
+    }];
+    if let (Some(addr), Some(text)) = (config.metrics, raw.runtime.metrics.as_ref()) {
+        listeners.push(Listener {
+            field: "runtime.metrics",
+            addr,
+            span: Some(text.span()),
+            transport: Some("TCP"),
+        });
+    }
+    for (s, raw_stack) in config.stacks.iter().zip(&raw.stacks) {
+        if let (Some(addr), Some(text)) = (s.listen, raw_stack.listen.as_ref()) {
+            listeners.push(Listener {
+                field: "stacks.listen",
+                addr,
+                span: Some(text.span()),
+                transport: stack_transport(&s.name),
+            });
+        }
+    }
+    refuse_overlapping_listeners(src, &listeners)
+}
 
 /// Refuses the second of two equal keys in `items` (key, where it is),
 /// naming both places; `what` says what the key is.
-pub(super) fn refuse_duplicates<K: Eq + Hash>(
+fn refuse_duplicates<K: Eq + Hash>(
     src: &Source<'_>,
     field: &str,
     items: impl IntoIterator<Item = (K, Range<usize>)>,
@@ -35,20 +114,20 @@ pub(super) fn refuse_duplicates<K: Eq + Hash>(
 }
 
 /// A socket the daemon binds when it starts.
-pub(super) struct Listener {
+struct Listener {
     /// The field that names it.
-    pub field: &'static str,
+    field: &'static str,
     /// The address.
-    pub addr: SocketAddr,
+    addr: SocketAddr,
     /// Where the file names it; `None`: the field's default.
-    pub span: Option<Range<usize>>,
+    span: Option<Range<usize>>,
     /// The kernel's namespace of ports it binds in (`TCP`, `UDP`), or
     /// `None` for a stack that binds no kernel socket.
-    pub transport: Option<&'static str>,
+    transport: Option<&'static str>,
 }
 
 /// The kernel ports a stack's tunnel listener binds in.
-pub(super) fn stack_transport(stack: &str) -> Option<&'static str> {
+fn stack_transport(stack: &str) -> Option<&'static str> {
     match stack {
         "tcp" => Some("TCP"),
         "udp" | "ltl" => Some("UDP"),
@@ -70,7 +149,7 @@ fn overlaps(a: &Listener, b: &Listener) -> bool {
 }
 
 /// Refuses two listeners that cannot both bind, naming both places.
-pub(super) fn refuse_overlapping_listeners(
+fn refuse_overlapping_listeners(
     src: &Source<'_>,
     listeners: &[Listener],
 ) -> Result<(), ConfigError> {
