@@ -6,7 +6,6 @@
 //! A bad file is refused with the file, the line and column, the field and
 //! what was expected.
 
-use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -16,82 +15,16 @@ use toml::Spanned;
 use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::Uid;
 
+pub mod bounds;
+mod error;
+pub mod limits;
+mod unique;
+
+pub use error::ConfigError;
+use error::Source;
+
 /// The embedded default configuration (`uniplaned` with no arguments).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
-
-/// Why a configuration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{file}: {source}")]
-    Io {
-        /// The file.
-        file: String,
-        /// What the system said.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML, or a field has the wrong type.
-    #[error("{file}:{line}:{column}: {message}")]
-    Syntax {
-        /// The file.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// What was wrong and what was expected.
-        message: String,
-    },
-    /// A field's value is not acceptable.
-    #[error("{file}:{line}:{column}: field `{field}`: {message}")]
-    Invalid {
-        /// The file.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// The field.
-        field: String,
-        /// What was expected.
-        message: String,
-    },
-}
-
-/// Where a value came from, for error messages.
-#[derive(Clone, Debug)]
-struct Source<'a> {
-    file: &'a str,
-    text: &'a str,
-}
-
-impl Source<'_> {
-    fn position(&self, offset: usize) -> (usize, usize) {
-        let before = &self.text[..offset.min(self.text.len())];
-        let line = before.matches('\n').count() + 1;
-        let column = before
-            .rfind('\n')
-            .map_or(before.len(), |i| before.len() - i - 1)
-            + 1;
-        (line, column)
-    }
-
-    fn invalid<T>(
-        &self,
-        span: std::ops::Range<usize>,
-        field: &str,
-        message: impl fmt::Display,
-    ) -> Result<T, ConfigError> {
-        let (line, column) = self.position(span.start);
-        Err(ConfigError::Invalid {
-            file: self.file.to_owned(),
-            line,
-            column,
-            field: field.to_owned(),
-            message: message.to_string(),
-        })
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,6 +51,8 @@ struct RawConfig {
     failure: RawFailure,
     #[serde(default)]
     cluster: RawCluster,
+    #[serde(default)]
+    limits: limits::RawLimits,
 }
 
 #[derive(Deserialize, Default)]
@@ -145,10 +80,10 @@ struct RawRuntime {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawEngine {
-    max_ports: Option<usize>,
-    ring_depth: Option<usize>,
-    voq_depth: Option<usize>,
-    table_capacity: Option<usize>,
+    max_ports: Option<Spanned<i64>>,
+    ring_depth: Option<Spanned<i64>>,
+    voq_depth: Option<Spanned<i64>>,
+    table_capacity: Option<Spanned<i64>>,
     mode: Option<Spanned<String>>,
 }
 
@@ -162,11 +97,10 @@ struct RawStack {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDevice {
-    name: String,
+    name: Spanned<String>,
     kind: Spanned<String>,
-    device: Option<u16>,
-    #[serde(default)]
-    memory: usize,
+    device: Option<Spanned<i64>>,
+    memory: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -207,8 +141,8 @@ struct RawRule {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawFailure {
-    heartbeat_ms: Option<u64>,
-    misses: Option<u32>,
+    heartbeat_ms: Option<Spanned<i64>>,
+    misses: Option<Spanned<i64>>,
 }
 
 /// A UID pattern: `*`, `SERVER:*`, `SERVER:DEVICE`, or `A.B.C.D/LEN:*`.
@@ -407,6 +341,9 @@ pub struct Config {
     /// before any peer message or tunnel frame is believed. Required
     /// when the file names peers.
     pub secret: Option<PathBuf>,
+    /// Bounds on the state clients and peers can make the daemon keep
+    /// (`[limits]`; `resources` defaults to `max_ports`).
+    pub limits: uniplane_control::Limits,
 }
 
 impl Config {
@@ -520,10 +457,19 @@ impl Config {
                 }
             };
             devices.push(DeviceConfig {
-                name: d.name.clone(),
+                name: d.name.get_ref().clone(),
                 kind,
-                device: d.device,
-                memory: d.memory,
+                device: d
+                    .device
+                    .as_ref()
+                    .map(|n| src.number(n, "devices.device", bounds::DEVICE))
+                    .transpose()?,
+                memory: src.number_or(
+                    d.memory.as_ref(),
+                    0,
+                    "devices.memory",
+                    bounds::DEVICE_MEMORY,
+                )?,
             });
         }
 
@@ -660,16 +606,96 @@ impl Config {
             });
         }
 
-        Ok(Config {
+        let engine = &raw.engine;
+        let max_ports = src.number_or(
+            engine.max_ports.as_ref(),
+            32,
+            "engine.max_ports",
+            bounds::MAX_PORTS,
+        )?;
+        let ring_depth = src.number_or(
+            engine.ring_depth.as_ref(),
+            1024,
+            "engine.ring_depth",
+            bounds::RING_DEPTH,
+        )?;
+        let voq_depth = src.number_or(
+            engine.voq_depth.as_ref(),
+            64,
+            "engine.voq_depth",
+            bounds::VOQ_DEPTH,
+        )?;
+        let table_capacity = src.number_or(
+            engine.table_capacity.as_ref(),
+            4096,
+            "engine.table_capacity",
+            bounds::TABLE_CAPACITY,
+        )?;
+        if voq_depth as u64 * (max_ports * max_ports) as u64 > bounds::VOQ_SLOTS {
+            let span = engine
+                .voq_depth
+                .as_ref()
+                .or(engine.max_ports.as_ref())
+                .map_or(0..0, |v| v.span());
+            return src.invalid(
+                span,
+                "engine.voq_depth",
+                format!(
+                    "max_ports² × voq_depth = {max_ports}² × {voq_depth} queue slots, more than {}: \
+                     with {max_ports} ports voq_depth can be at most {}",
+                    bounds::VOQ_SLOTS,
+                    bounds::VOQ_SLOTS / (max_ports * max_ports) as u64
+                ),
+            );
+        }
+        if let Some(d) = raw.devices.get(max_ports - 1) {
+            return src.invalid(
+                d.name.span(),
+                "devices.name",
+                format!(
+                    "device `{}` needs port {} of the engine, but engine.max_ports is {max_ports} \
+                     (the daemon takes one port, each device one)",
+                    d.name.get_ref(),
+                    max_ports + 1
+                ),
+            );
+        }
+        let heartbeat_ms: u64 = src.number_or(
+            raw.failure.heartbeat_ms.as_ref(),
+            100,
+            "failure.heartbeat_ms",
+            bounds::HEARTBEAT_MS,
+        )?;
+        let misses = src.number_or(
+            raw.failure.misses.as_ref(),
+            5,
+            "failure.misses",
+            bounds::MISSES,
+        )?;
+
+        let limits = limits::parse(
+            &src,
+            &raw.limits,
+            uniplane_control::Limits {
+                resources: max_ports,
+                ..Default::default()
+            },
+        )?;
+
+        let config = Config {
             server,
-            name: raw.server.name.unwrap_or_else(|| "uniplane".to_owned()),
+            name: raw
+                .server
+                .name
+                .clone()
+                .unwrap_or_else(|| "uniplane".to_owned()),
             peer_listen,
-            runtime_dir: raw.runtime.dir,
+            runtime_dir: raw.runtime.dir.clone(),
             metrics,
-            max_ports: raw.engine.max_ports.unwrap_or(32).clamp(2, 256),
-            ring_depth: raw.engine.ring_depth.unwrap_or(1024).max(2),
-            voq_depth: raw.engine.voq_depth.unwrap_or(64).max(1),
-            table_capacity: raw.engine.table_capacity.unwrap_or(4096).max(1),
+            max_ports,
+            ring_depth,
+            voq_depth,
+            table_capacity,
             mode,
             plane,
             stacks,
@@ -678,12 +704,13 @@ impl Config {
             routes,
             default_action,
             rules,
-            heartbeat: std::time::Duration::from_millis(
-                raw.failure.heartbeat_ms.unwrap_or(100).max(1),
-            ),
-            misses: raw.failure.misses.unwrap_or(5).max(1),
-            secret: raw.cluster.secret,
-        })
+            heartbeat: std::time::Duration::from_millis(heartbeat_ms),
+            misses,
+            secret: raw.cluster.secret.clone(),
+            limits,
+        };
+        unique::refuse_clashes(&src, &raw, &config)?;
+        Ok(config)
     }
 
     /// Whether the policy lets `src` open or use a connection to `dst`

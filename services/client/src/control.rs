@@ -1,5 +1,4 @@
-//! [`Client`]: the control connection to the daemon, and where the
-//! daemon's sockets live.
+//! [`Client`]: the control connection to the daemon.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,31 +9,8 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 
 use crate::protocol::{Answer, Attached, Request};
+use crate::runtime::{check_runtime_dir, runtime_dir, RuntimeDirError, CONTROL_SOCKET};
 use crate::{ClientError, Session};
-
-/// Control socket file name inside the runtime directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
-/// Data socket file name inside the runtime directory.
-pub const DATA_SOCKET: &str = "data.sock";
-
-/// The runtime directory, where the daemon's sockets are: `configured`
-/// when given, else `$UNIPLANE_RUNTIME_DIR`, else
-/// `$XDG_RUNTIME_DIR/uniplane`, else `/tmp/uniplane-$UID`. The daemon
-/// resolves its own the same way.
-pub fn runtime_dir(configured: Option<&Path>) -> PathBuf {
-    if let Some(dir) = configured {
-        return dir.to_owned();
-    }
-    if let Some(dir) = std::env::var_os("UNIPLANE_RUNTIME_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(dir).join("uniplane");
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    PathBuf::from(format!("/tmp/uniplane-{uid}"))
-}
 
 /// The control socket, shared by a [`Client`] and the background task of
 /// its session (which closes dropped connections through it).
@@ -141,9 +117,23 @@ impl Client {
         Client::connect(&runtime_dir(None)).await
     }
 
-    /// Connects to the daemon whose sockets are in `runtime`.
+    /// Connects to the daemon whose sockets are in `runtime`, unless
+    /// another user could have put them there (see
+    /// [`check_runtime_dir`]).
     pub async fn connect(runtime: &Path) -> Result<Client, ClientError> {
         let path = runtime.join(CONTROL_SOCKET);
+        match check_runtime_dir(runtime) {
+            Ok(()) => {}
+            Err(RuntimeDirError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(ClientError::Unreachable {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
         let stream =
             UnixStream::connect(&path)
                 .await
@@ -230,10 +220,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_configured_runtime_dir_wins() {
-        let dir = Path::new("/somewhere/else");
-        assert_eq!(runtime_dir(Some(dir)), dir);
+    #[tokio::test]
+    async fn finding5_the_client_refuses_an_open_runtime_dir() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("uniplane-client-open-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = Client::connect(&dir).await.err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            matches!(
+                err,
+                Some(ClientError::RuntimeDir(RuntimeDirError::Writable { .. }))
+            ),
+            "{err:?}"
+        );
     }
 
     #[tokio::test]

@@ -34,4 +34,8 @@ pub enum ClientError {
     /// No answer came in time.
     #[error("timed out")]
     Timeout,
+    /// The runtime directory is not safe: another user could have put the
+    /// control socket there.
+    #[error(transparent)]
+    RuntimeDir(#[from] crate::RuntimeDirError),
 }

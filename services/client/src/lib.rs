@@ -65,12 +65,17 @@ mod connection;
 mod control;
 mod error;
 pub mod protocol;
+mod runtime;
 mod session;
 mod window;
 
 pub use connection::{Connection, Listener};
-pub use control::{runtime_dir, Client, DataPathOptions, Wait, CONTROL_SOCKET, DATA_SOCKET};
+pub use control::{Client, DataPathOptions, Wait};
 pub use error::ClientError;
+pub use runtime::{
+    check_runtime_dir, prepare_runtime_dir, runtime_dir, RuntimeDirError, CONTROL_SOCKET,
+    DATA_SOCKET,
+};
 pub use session::Session;
 pub use window::Window;
 

@@ -72,9 +72,10 @@ pub struct ConnSpec {
     pub dst_port: u16,
 }
 
-/// A request from an application or the CLI.
+/// A request from an application or the CLI. A field the request does
+/// not have is refused, and the error names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "op", rename_all = "kebab-case", from = "RequestIn")]
 pub enum Request {
     /// The daemon's identity, uptime, ports, peers.
     Status,
@@ -139,6 +140,108 @@ pub enum Request {
         /// The connection.
         conn: ConnSpec,
     },
+}
+
+/// Reads one control request line as the daemon does (after it has
+/// refused lines longer than [`MAX_LINE`]). Whatever the bytes, the result
+/// is a request or an error, never a panic.
+pub fn decode_request(line: &[u8]) -> Result<Request, serde_json::Error> {
+    serde_json::from_slice(line)
+}
+
+/// [`Request`] as it is read. serde ignores fields beside the tag of a
+/// variant without fields, so here those variants are written `{}` and
+/// refuse unknown fields like every other; the connection of `close` is
+/// read strictly too.
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+enum RequestIn {
+    Status {},
+    Resources {},
+    Routes {},
+    Connections {},
+    Tables {
+        device: u16,
+    },
+    Stats {},
+    Metrics {},
+    Policy {
+        device: u16,
+        #[serde(default)]
+        set: Option<String>,
+    },
+    PlaneDump {},
+    Attach {
+        name: String,
+    },
+    Listen {
+        port: u16,
+    },
+    Unlisten {
+        port: u16,
+    },
+    Connect {
+        #[serde(default)]
+        src_port: u16,
+        #[serde(with = "uid_text")]
+        dst: Uid,
+        dst_port: u16,
+        #[serde(default)]
+        class: u8,
+    },
+    Close {
+        conn: ConnSpecIn,
+    },
+}
+
+/// [`ConnSpec`] as a control request carries it: no other fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnSpecIn {
+    #[serde(with = "uid_text")]
+    src: Uid,
+    src_port: u16,
+    #[serde(with = "uid_text")]
+    dst: Uid,
+    dst_port: u16,
+}
+
+impl From<RequestIn> for Request {
+    fn from(r: RequestIn) -> Request {
+        match r {
+            RequestIn::Status {} => Request::Status,
+            RequestIn::Resources {} => Request::Resources,
+            RequestIn::Routes {} => Request::Routes,
+            RequestIn::Connections {} => Request::Connections,
+            RequestIn::Tables { device } => Request::Tables { device },
+            RequestIn::Stats {} => Request::Stats,
+            RequestIn::Metrics {} => Request::Metrics,
+            RequestIn::Policy { device, set } => Request::Policy { device, set },
+            RequestIn::PlaneDump {} => Request::PlaneDump,
+            RequestIn::Attach { name } => Request::Attach { name },
+            RequestIn::Listen { port } => Request::Listen { port },
+            RequestIn::Unlisten { port } => Request::Unlisten { port },
+            RequestIn::Connect {
+                src_port,
+                dst,
+                dst_port,
+                class,
+            } => Request::Connect {
+                src_port,
+                dst,
+                dst_port,
+                class,
+            },
+            RequestIn::Close { conn } => Request::Close {
+                conn: ConnSpec {
+                    src: conn.src,
+                    src_port: conn.src_port,
+                    dst: conn.dst,
+                    dst_port: conn.dst_port,
+                },
+            },
+        }
+    }
 }
 
 /// A request between peer daemons.
@@ -273,5 +376,84 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
         }
+    }
+
+    /// One request of every kind. The `match` names every variant, so a
+    /// new one does not compile until it is added here (and to
+    /// `RequestIn`).
+    fn one_of_each() -> Vec<Request> {
+        let conn = ConnSpec {
+            src: "10.0.0.1:2".parse().unwrap(),
+            src_port: 49152,
+            dst: "10.0.0.7:3".parse().unwrap(),
+            dst_port: 80,
+        };
+        let all = vec![
+            Request::Status,
+            Request::Resources,
+            Request::Routes,
+            Request::Connections,
+            Request::Tables { device: 1 },
+            Request::Stats,
+            Request::Metrics,
+            Request::Policy {
+                device: 1,
+                set: Some("rr".into()),
+            },
+            Request::PlaneDump,
+            Request::Attach { name: "app".into() },
+            Request::Listen { port: 80 },
+            Request::Unlisten { port: 80 },
+            Request::Connect {
+                src_port: 5,
+                dst: conn.dst,
+                dst_port: 80,
+                class: 1,
+            },
+            Request::Close { conn },
+        ];
+        for r in &all {
+            match r {
+                Request::Status
+                | Request::Resources
+                | Request::Routes
+                | Request::Connections
+                | Request::Tables { .. }
+                | Request::Stats
+                | Request::Metrics
+                | Request::Policy { .. }
+                | Request::PlaneDump
+                | Request::Attach { .. }
+                | Request::Listen { .. }
+                | Request::Unlisten { .. }
+                | Request::Connect { .. }
+                | Request::Close { .. } => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_request_reads_back_as_written() {
+        for r in one_of_each() {
+            let line = serde_json::to_vec(&r).unwrap();
+            assert_eq!(decode_request(&line).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn finding9_unknown_fields_refused_in_every_request() {
+        for r in one_of_each() {
+            let mut v = serde_json::to_value(&r).unwrap();
+            v["bogus"] = 1.into();
+            let err = decode_request(&serde_json::to_vec(&v).unwrap())
+                .expect_err(&format!("{v} accepted"))
+                .to_string();
+            assert!(err.contains("unknown field `bogus`"), "{v}: {err}");
+        }
+        let close = r#"{"op":"close","conn":{"src":"10.0.0.1:2","src_port":1,
+            "dst":"10.0.0.7:3","dst_port":2,"bogus":1}}"#;
+        let err = decode_request(close.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("unknown field `bogus`"), "{err}");
     }
 }

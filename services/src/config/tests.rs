@@ -88,3 +88,342 @@ action = "allow"
     assert!(c.allows(a, b, ReqType::Send));
     assert!(!c.allows(a, "10.9.0.2:7".parse().unwrap(), ReqType::Send));
 }
+
+/// The error of `text`, which must be refused.
+fn refused(text: &str) -> ConfigError {
+    match Config::parse(text, "c.toml") {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn finding7_huge_memory_refused_by_check() {
+    let text = "[[devices]]\nname = \"m\"\nkind = \"memory\"\nmemory = 9223372036854775807\n";
+    assert_eq!(
+        refused(text).to_string(),
+        "c.toml:4:10: field `devices.memory`: 9223372036854775807 is out of range \
+         0..=1073741824 (1 GiB)"
+    );
+}
+
+#[test]
+fn finding7_huge_ring_depth_refused_by_check() {
+    let err = refused("[engine]\nring_depth = 4000000000000\n");
+    assert_eq!(
+        err.to_string(),
+        "c.toml:2:14: field `engine.ring_depth`: 4000000000000 is out of range 2..=16384"
+    );
+}
+
+/// Every number of the file, as a file with `VALUE` where the number
+/// goes, and its range. A value one past either end (and the extremes of
+/// TOML's integers) is refused with the field, the value and the range;
+/// both ends are accepted.
+#[test]
+fn finding7_every_number_is_range_checked_at_both_ends() {
+    let device = "[[devices]]\nname = \"d\"\nkind = \"echo\"\n";
+    let cases = [
+        (
+            "engine.max_ports",
+            bounds::MAX_PORTS,
+            "[engine]\nmax_ports = VALUE\n".to_owned(),
+        ),
+        (
+            "engine.ring_depth",
+            bounds::RING_DEPTH,
+            "[engine]\nring_depth = VALUE\n".to_owned(),
+        ),
+        (
+            "engine.voq_depth",
+            bounds::VOQ_DEPTH,
+            "[engine]\nmax_ports = 2\nvoq_depth = VALUE\n".to_owned(),
+        ),
+        (
+            "engine.table_capacity",
+            bounds::TABLE_CAPACITY,
+            "[engine]\ntable_capacity = VALUE\n".to_owned(),
+        ),
+        (
+            "failure.heartbeat_ms",
+            bounds::HEARTBEAT_MS,
+            "[failure]\nheartbeat_ms = VALUE\n".to_owned(),
+        ),
+        (
+            "failure.misses",
+            bounds::MISSES,
+            "[failure]\nmisses = VALUE\n".to_owned(),
+        ),
+        (
+            "devices.memory",
+            bounds::DEVICE_MEMORY,
+            format!("{device}memory = VALUE\n"),
+        ),
+        (
+            "devices.device",
+            bounds::DEVICE,
+            format!("{device}device = VALUE\n"),
+        ),
+    ];
+    for (field, bounds, template) in cases {
+        let text = |v: i64| template.replace("VALUE", &v.to_string());
+        for ok in [bounds.min, bounds.max] {
+            let ok = i64::try_from(ok).unwrap();
+            if let Err(e) = Config::parse(&text(ok), "c.toml") {
+                panic!("{field} = {ok} refused: {e}");
+            }
+        }
+        for bad in [
+            bounds.min as i64 - 1,
+            bounds.max as i64 + 1,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            match refused(&text(bad)) {
+                ConfigError::OutOfRange {
+                    field: f,
+                    value,
+                    bounds: b,
+                    ..
+                } => assert_eq!((f.as_str(), value, b), (field, bad, bounds)),
+                other => panic!("{field} = {bad}: {other}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn finding7_values_once_clamped_are_refused() {
+    for (text, field) in [
+        ("[engine]\nmax_ports = 1000\n", "engine.max_ports"),
+        ("[engine]\nmax_ports = 1\n", "engine.max_ports"),
+        ("[engine]\nring_depth = 0\n", "engine.ring_depth"),
+        ("[engine]\nvoq_depth = 0\n", "engine.voq_depth"),
+        ("[engine]\ntable_capacity = 0\n", "engine.table_capacity"),
+        ("[failure]\nheartbeat_ms = 0\n", "failure.heartbeat_ms"),
+        ("[failure]\nmisses = 0\n", "failure.misses"),
+    ] {
+        let err = refused(text).to_string();
+        assert!(err.contains(&format!("field `{field}`")), "{err}");
+        assert!(err.contains("is out of range"), "{err}");
+    }
+}
+
+#[test]
+fn finding7_device_zero_is_the_daemons_and_refused() {
+    let err = refused("[[devices]]\nname = \"d\"\nkind = \"echo\"\ndevice = 0\n");
+    assert!(
+        matches!(err, ConfigError::OutOfRange { value: 0, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn finding7_a_crossbar_too_large_to_allocate_is_refused() {
+    let err = refused("[engine]\nmax_ports = 256\nvoq_depth = 65\n").to_string();
+    assert!(
+        err.starts_with("c.toml:3:13: field `engine.voq_depth`: max_ports² × voq_depth"),
+        "{err}"
+    );
+    assert!(err.contains("voq_depth can be at most 64"), "{err}");
+    Config::parse("[engine]\nmax_ports = 256\nvoq_depth = 64\n", "c.toml").unwrap();
+    Config::parse("[engine]\nmax_ports = 32\nvoq_depth = 4096\n", "c.toml").unwrap();
+}
+
+#[test]
+fn finding7_more_devices_than_engine_ports_are_refused() {
+    let mut text = String::from("[engine]\nmax_ports = 3\n");
+    for i in 1..=3 {
+        text.push_str(&format!("[[devices]]\nname = \"d{i}\"\nkind = \"echo\"\n"));
+    }
+    let err = refused(&text).to_string();
+    assert!(
+        err.starts_with("c.toml:10:8: field `devices.name`: device `d3` needs port 4"),
+        "{err}"
+    );
+    let two = text.rsplit_once("[[devices]]").unwrap().0;
+    Config::parse(two, "c.toml").unwrap();
+}
+
+#[test]
+fn finding7_duplicate_device_numbers_are_refused_naming_both_places() {
+    let text = "[[devices]]\nname = \"a\"\nkind = \"echo\"\ndevice = 3\n\
+                [[devices]]\nname = \"b\"\nkind = \"echo\"\ndevice = 3\n";
+    assert_eq!(
+        refused(text).to_string(),
+        "c.toml:8:10: field `devices.device`: device number 3 is used twice; \
+         the other is `devices.device` at c.toml:4:10"
+    );
+}
+
+#[test]
+fn finding7_duplicate_device_names_are_refused_naming_both_places() {
+    let text = "[[devices]]\nname = \"a\"\nkind = \"echo\"\n\
+                [[devices]]\nname = \"a\"\nkind = \"memory\"\n";
+    assert_eq!(
+        refused(text).to_string(),
+        "c.toml:5:8: field `devices.name`: device name `a` is used twice; \
+         the other is `devices.name` at c.toml:2:8"
+    );
+}
+
+#[test]
+fn finding7_duplicate_stacks_are_refused_naming_both_places() {
+    let text = "[[stacks]]\nname = \"tcp\"\n[[stacks]]\nname = \"tcp\"\n";
+    assert_eq!(
+        refused(text).to_string(),
+        "c.toml:4:8: field `stacks.name`: stack `tcp` is used twice; \
+         the other is `stacks.name` at c.toml:2:8"
+    );
+}
+
+#[test]
+fn finding7_duplicate_peers_and_a_peer_that_is_this_server_are_refused() {
+    let peer = |ip: &str| format!("[[peers]]\nserver = \"{ip}\"\naddress = \"{ip}:7460\"\n");
+    // Peers need a cluster secret; the file is read at start, not here.
+    let secret = "[cluster]\nsecret = \"cluster.key\"\n";
+    let text = format!(
+        "[server]\nid = \"10.0.0.1\"\n{}{}{secret}",
+        peer("10.0.0.2"),
+        peer("10.0.0.2")
+    );
+    assert_eq!(
+        refused(&text).to_string(),
+        "c.toml:7:10: field `peers.server`: peer server 10.0.0.2 is used twice; \
+         the other is `peers.server` at c.toml:4:10"
+    );
+    let text = format!("[server]\nid = \"10.0.0.1\"\n{}{secret}", peer("10.0.0.1"));
+    let err = refused(&text).to_string();
+    assert!(err.contains("10.0.0.1 is this server's own ID"), "{err}");
+}
+
+#[test]
+fn finding7_two_listeners_on_one_address_are_refused_naming_both_places() {
+    let stack =
+        |name: &str, at: &str| format!("[[stacks]]\nname = \"{name}\"\nlisten = \"{at}\"\n");
+    // A stack on the default peer channel's address.
+    assert_eq!(
+        refused(&stack("tcp", "127.0.0.1:7460")).to_string(),
+        "c.toml:3:10: field `stacks.listen`: TCP listener on 127.0.0.1:7460 overlaps another; \
+         the other is `server.peer_listen` (127.0.0.1:7460, its default)"
+    );
+    // Metrics on the peer channel's address.
+    let text =
+        "[server]\npeer_listen = \"127.0.0.1:9000\"\n[runtime]\nmetrics = \"127.0.0.1:9000\"\n";
+    assert_eq!(
+        refused(text).to_string(),
+        "c.toml:4:11: field `runtime.metrics`: TCP listener on 127.0.0.1:9000 overlaps another; \
+         the other is `server.peer_listen` (127.0.0.1:9000) at c.toml:2:15"
+    );
+    // Two datagram stacks; a wildcard overlaps every address of its port.
+    let text = stack("udp", "0.0.0.0:7471") + &stack("ltl", "127.0.0.1:7471");
+    let err = refused(&text).to_string();
+    assert!(
+        err.starts_with("c.toml:6:10: field `stacks.listen`: UDP listener"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`stacks.listen` (0.0.0.0:7471) at c.toml:3:10"),
+        "{err}"
+    );
+}
+
+#[test]
+fn listeners_that_can_bind_together_are_accepted() {
+    let stack =
+        |name: &str, at: &str| format!("[[stacks]]\nname = \"{name}\"\nlisten = \"{at}\"\n");
+    for text in [
+        // TCP and UDP ports are apart.
+        stack("tcp", "127.0.0.1:7470") + &stack("udp", "127.0.0.1:7470"),
+        // Other addresses, same port.
+        stack("tcp", "127.0.0.2:7460"),
+        // Port 0 takes a free port each time.
+        stack("udp", "127.0.0.1:0") + &stack("ltl", "127.0.0.1:0"),
+    ] {
+        if let Err(e) = Config::parse(&text, "c.toml") {
+            panic!("{text}: {e}");
+        }
+    }
+}
+
+#[test]
+fn limits_default_to_the_cores_and_resources_to_the_engines_ports() {
+    let c = Config::parse("[engine]\nmax_ports = 40\n", "c.toml").unwrap();
+    assert_eq!(
+        c.limits,
+        uniplane_control::Limits {
+            resources: 40,
+            ..Default::default()
+        }
+    );
+    let embedded = Config::embedded().unwrap();
+    assert_eq!(
+        embedded.limits,
+        uniplane_control::Limits {
+            resources: embedded.max_ports,
+            ..Default::default()
+        },
+        "default.toml says the core's defaults"
+    );
+}
+
+#[test]
+fn every_limit_is_read_from_the_file_and_range_checked() {
+    for f in limits::LIMIT_FIELDS {
+        for v in [f.bounds.min, f.bounds.max] {
+            let c = Config::parse(&format!("[limits]\n{} = {v}\n", f.name), "c.toml").unwrap();
+            let mut limits = c.limits;
+            assert_eq!(*(f.field)(&mut limits) as u64, v, "{}", f.name);
+        }
+        for bad in [f.bounds.min as i64 - 1, f.bounds.max as i64 + 1] {
+            let err = refused(&format!("[limits]\n{} = {bad}\n", f.name));
+            let ConfigError::OutOfRange { field, value, .. } = &err else {
+                panic!("{err}")
+            };
+            assert_eq!(
+                (field.as_str(), *value),
+                (&*format!("limits.{}", f.name), bad)
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unknown_limit_is_refused_with_the_known_ones() {
+    let err = refused("[limits]\nconnections = 10\nsockets = 3\n").to_string();
+    assert!(
+        err.starts_with("c.toml:3:1: field `limits.sockets`: unknown limit: expected one of resources, connections"),
+        "{err}"
+    );
+}
+
+/// Naming every field of `Limits` (no `..`): a field added there stops
+/// this from compiling until it has a row in `LIMIT_FIELDS`, a line in
+/// `default.toml` and one in the docs.
+#[test]
+fn every_field_of_limits_is_configurable() {
+    let uniplane_control::Limits {
+        resources: _,
+        connections: _,
+        pending_per_peer: _,
+        connections_per_peer: _,
+        listening_per_resource: _,
+    } = uniplane_control::Limits::default();
+    let names: Vec<&str> = limits::LIMIT_FIELDS.iter().map(|f| f.name).collect();
+    assert_eq!(
+        names,
+        [
+            "resources",
+            "connections",
+            "pending_per_peer",
+            "connections_per_peer",
+            "listening_per_resource"
+        ]
+    );
+    for name in names {
+        assert!(
+            DEFAULT_CONFIG.contains(&format!("{name} = ")),
+            "`{name}` is not in default.toml"
+        );
+    }
+}

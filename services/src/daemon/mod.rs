@@ -32,8 +32,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use uniplane_control::{
-    AccessRule, ControlConfig, ControlError, DeviceSpec, Event, Limits, MultiHopRoute, PeerSpec,
-    UidMatch,
+    AccessRule, ControlConfig, ControlError, DeviceSpec, Event, MultiHopRoute, PeerSpec, UidMatch,
 };
 use uniplane_dataplane::{BoxLink, Message, Stack, Uid};
 
@@ -62,6 +61,9 @@ pub enum DaemonError {
     /// The cluster secret cannot be used.
     #[error(transparent)]
     Secret(#[from] crate::auth::SecretError),
+    /// The runtime directory is another user's or open to others.
+    #[error(transparent)]
+    RuntimeDir(#[from] uniplane_client::RuntimeDirError),
     /// A stack could not listen.
     #[error("stack {stack}: {source}")]
     Stack {
@@ -203,8 +205,7 @@ impl Daemon {
         plane: Arc<dyn PlaneHandle>,
     ) -> Result<Daemon, DaemonError> {
         let runtime = runtime_dir(config.runtime_dir.as_deref());
-        std::fs::create_dir_all(&runtime)
-            .map_err(io_err(format!("creating {}", runtime.display())))?;
+        uniplane_client::prepare_runtime_dir(&runtime)?;
         let stacks: Vec<Arc<dyn Stack>> = config
             .stacks
             .iter()
@@ -352,9 +353,6 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
         heartbeat: config.heartbeat,
         misses: config.misses,
         verdict_timeout: Duration::from_secs(2),
-        limits: Limits {
-            resources: config.max_ports,
-            ..Limits::default()
-        },
+        limits: config.limits,
     }
 }

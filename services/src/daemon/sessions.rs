@@ -16,7 +16,8 @@ use super::driver::client;
 use super::observe;
 use super::{io_err, DaemonError, Shared, CONTROL_SOCKET, DATA_SOCKET};
 use crate::control::{
-    conn_key, conn_spec, read_line, write_line, Answer, Attached, Request as CtlRequest, MAX_LINE,
+    conn_key, conn_spec, decode_request, read_line, write_line, Answer, Attached,
+    Request as CtlRequest, MAX_LINE,
 };
 
 pub(super) fn listen(shared: &Arc<Shared>) -> Result<(), DaemonError> {
@@ -56,7 +57,7 @@ async fn session(shared: Arc<Shared>, stream: UnixStream) {
                 format!("request longer than {MAX_LINE} bytes"),
             )
         } else {
-            match serde_json::from_slice::<CtlRequest>(&line) {
+            match decode_request(&line) {
                 Ok(req) => handle(&shared, id, req).await,
                 Err(e) => Answer::err("bad-request", e.to_string()),
             }
