@@ -74,7 +74,7 @@ stack = "tcp"
 
 [failure]
 heartbeat_ms = 50
-misses = 6
+misses = 20
 
 [policy]
 default = "allow"
@@ -731,15 +731,21 @@ async fn finding10_a_stalled_tunnel_is_declared_failed_and_comes_back() {
         alive(&p.a.1).await && alive(&p.b.1).await
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut again = loop {
-        match a_app.connect(echo).await {
-            Ok(c) => break c,
-            Err(e) => assert!(Instant::now() < deadline, "no new connection: {e}"),
+    // A new connection works (the first tries may meet the tunnel still
+    // coming back).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(mut again) = a_app.connect(echo).await {
+            if round_trips(&mut again, 5).await == 5 {
+                break;
+            }
         }
+        assert!(
+            Instant::now() < deadline,
+            "no working connection after the tunnel came back"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(round_trips(&mut again, 5).await, 5);
+    }
 }
 
 /// Bounded state: 500 connections to the peer listener that never say a
