@@ -1101,7 +1101,7 @@ fn path(cli: &Cli, a: &PathArgs) -> Result<(), BenchError> {
 
 fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
     use uniplane_bench::tunnel::{
-        drops, peer_name, run_tunnel, TunnelConfig, TunnelStack, SERVER_A, SERVER_B,
+        peer_name, run_tunnel, tunnel_handoff, TunnelConfig, TunnelStack, SERVER_A, SERVER_B,
     };
     let stack = TunnelStack::by_name(&a.stack)
         .ok_or_else(|| BenchError::Config(format!("--stack `{}`: udp, ltl or tcp", a.stack)))?;
@@ -1117,22 +1117,8 @@ fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
     let r = run_tunnel(&cfg)?;
     let peer = peer_name(stack);
     let (t, lost) = (&r.tunnel, r.lost());
-    let dropped = drops(&t.daemons);
-    let mut note = if lost == 0 {
-        "every message sent through the tunnel was received".to_owned()
-    } else {
-        format!(
-            "{lost} of {} messages sent through the tunnel were not received within the settle time: \
-             the overlay should lose none (backpressure), so this is worth a look",
-            t.sent
-        )
-    };
-    if !dropped.is_empty() {
-        note.push_str(&format!(
-            "; the daemons counted drops: {}",
-            dropped.join(", ")
-        ));
-    }
+    let note = r.note();
+    let handoff = tunnel_handoff(&t.daemons);
     let mps = |v: f64| format!("{:.3} M", v / 1e6);
     println!(
         "tunnel over {}: {} B payloads, {} s measured after {} s of warm-up, {SERVER_A} → {SERVER_B} \
@@ -1201,6 +1187,8 @@ fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
         "peer_lost": r.peer.lost,
         "ratio": r.ratio(),
         "note": note,
+        "tunnel_port_tx": handoff.map(|h| h.0),
+        "tunnel_port_rx": handoff.map(|h| h.1),
         "daemons": t.daemons,
     });
     emit(cli.json, &Report::new("tunnel", params, results))

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use uniplane_client::protocol::Request;
-use uniplane_client::Client;
+use uniplane_client::{Client, Connection, Session};
 use uniplane_dataplane::{LinkExt, Message, Uid};
 use uniplane_services::auth::Key;
 use uniplane_services::seal::{End, Sealer};
@@ -214,6 +214,43 @@ impl TunnelRun {
     /// Messages sent and never received.
     pub fn lost(&self) -> u64 {
         self.tunnel.sent.saturating_sub(self.tunnel.received)
+    }
+
+    /// Whether every message arrived, and if not, where the daemons'
+    /// counters say the rest went.
+    pub fn note(&self) -> String {
+        let (t, lost) = (&self.tunnel, self.lost());
+        if lost == 0 {
+            return "every message sent through the tunnel was received".to_owned();
+        }
+        let mut note = format!(
+            "{lost} of {} messages sent through the tunnel were not received within the settle \
+             time: the overlay should lose none (backpressure), so this is worth a look",
+            t.sent
+        );
+        match tunnel_handoff(&t.daemons) {
+            Some((tx, rx)) if tx > rx => note.push_str(&format!(
+                "; A's engine handed {tx} messages (segments) to its tunnel port and B's engine \
+                 took {rx} from its inbound one: {} went missing between the two daemons \
+                 (bridge, seal, stack)",
+                tx - rx
+            )),
+            Some((tx, rx)) => note.push_str(&format!(
+                "; the tunnel delivered what it was given ({tx} sent, {rx} taken): the loss is \
+                 inside a daemon, not between them"
+            )),
+            None => {}
+        }
+        let dropped = drops(&t.daemons);
+        if dropped.is_empty() {
+            note.push_str("; neither daemon counted a drop or refused a frame");
+        } else {
+            note.push_str(&format!(
+                "; the daemons counted drops: {}",
+                dropped.join(", ")
+            ));
+        }
+        note
     }
 }
 
@@ -505,13 +542,14 @@ fn measure_one_way(pair: &DaemonPair, cfg: &TunnelConfig) -> Result<OneWay, Benc
     let sent = match ready_rx.recv_timeout(CONNECT_WITHIN) {
         Ok(sink) => runtime().and_then(|rt| {
             rt.block_on(async {
-                let sent = send(pair.a.runtime_dir(), sink, cfg, &received).await;
+                let (sent, open) = send(pair.a.runtime_dir(), sink, cfg, &received).await?;
                 // Read while both sessions and the tunnel are still up.
                 let daemons = json!({
                     "a": daemon_counters(pair.a.runtime_dir()).await,
                     "b": daemon_counters(pair.b.runtime_dir()).await,
                 });
-                sent.map(|n| (n, daemons))
+                drop(open);
+                Ok((sent, daemons))
             })
         }),
         Err(_) => Err(BenchError::SideGone("receiver")),
@@ -648,14 +686,36 @@ pub fn drops(daemons: &Value) -> Vec<String> {
     out
 }
 
+/// Messages (segments, for messages larger than the tunnel carries whole)
+/// A's engine handed to its tunnel ports (`tunnel-…`), and B's engine took
+/// from its inbound tunnel ports (`from-…`), from `daemons` as
+/// [`OneWay::daemons`] holds them; `None` where a daemon did not answer.
+pub fn tunnel_handoff(daemons: &Value) -> Option<(u64, u64)> {
+    let sum = |side: &str, prefix: &str, counter: &str| {
+        let ports = daemons[side]["ports"].as_array()?;
+        Some(
+            ports
+                .iter()
+                .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+                .filter_map(|p| p["counters"][counter].as_u64())
+                .sum::<u64>(),
+        )
+    };
+    Some((
+        sum("a", "tunnel-", "tx_msgs")?,
+        sum("b", "from-", "rx_msgs")?,
+    ))
+}
+
 /// The sending side: connects from A to `sink` and floods; then waits
-/// (bounded) until the receiver has caught up.
+/// (bounded) until the receiver has caught up. Returns the messages sent
+/// and the session with its connection, still open.
 async fn send(
     dir: &Path,
     sink: Uid,
     cfg: &TunnelConfig,
     received: &AtomicU64,
-) -> Result<u64, BenchError> {
+) -> Result<(u64, (Session, Connection)), BenchError> {
     let s = session(dir, "bench-tunnel-source", WaitMode::Park).await?;
     let mut conn = tokio::time::timeout(CONNECT_WITHIN, s.connect(sink.port(PORT)))
         .await
@@ -695,7 +755,7 @@ async fn send(
             (seen, since) = (now, Instant::now());
         }
     }
-    Ok(sent)
+    Ok((sent, (s, conn)))
 }
 
 /// Seals and opens a `size`-byte message over and over for about
@@ -765,6 +825,20 @@ mod tests {
     }
 
     #[test]
+    fn the_handoff_counts_a_s_tunnel_ports_out_and_b_s_inbound_ports_in() {
+        let port = |name: &str, tx: u64, rx: u64| json!({"name": name, "counters": {"tx_msgs": tx, "rx_msgs": rx}});
+        let d = json!({
+            "a": {"ports": [port("bench-source", 0, 10), port("tunnel-10.254.0.2-class0", 20, 0), port("from-10.254.0.2-class0", 0, 1)]},
+            "b": {"ports": [port("tunnel-10.254.0.1-class0", 1, 0), port("from-10.254.0.1-class0", 0, 19), port("sink", 10, 0)]},
+        });
+        assert_eq!(tunnel_handoff(&d), Some((20, 19)));
+        assert_eq!(
+            tunnel_handoff(&json!({"a": null, "b": {"ports": []}})),
+            None
+        );
+    }
+
+    #[test]
     fn stacks_go_by_their_config_names() {
         for s in TunnelStack::ALL {
             assert_eq!(TunnelStack::by_name(s.name()), Some(s));
@@ -807,6 +881,35 @@ mod tests {
         assert_eq!(run.lost(), 0);
         let none = TunnelRun::default();
         assert_eq!(none.ratio(), None);
+    }
+
+    #[test]
+    fn a_loss_is_located_by_the_daemons_counters() {
+        let port = |name: &str, tx: u64, rx: u64| json!({"name": name, "counters": {"tx_msgs": tx, "rx_msgs": rx}});
+        let mut run = TunnelRun {
+            tunnel: OneWay {
+                sent: 100,
+                received: 100,
+                ..OneWay::default()
+            },
+            ..TunnelRun::default()
+        };
+        assert_eq!(
+            run.note(),
+            "every message sent through the tunnel was received"
+        );
+        run.tunnel.received = 97;
+        run.tunnel.daemons = json!({
+            "a": {"ports": [port("tunnel-10.254.0.2-class0", 100, 0)]},
+            "b": {"ports": [port("from-10.254.0.1-class0", 0, 97)]},
+        });
+        let note = run.note();
+        assert!(note.starts_with("3 of 100 messages"), "{note}");
+        assert!(
+            note.contains("3 went missing between the two daemons"),
+            "{note}"
+        );
+        assert!(note.contains("neither daemon counted a drop"), "{note}");
     }
 
     #[test]
