@@ -1185,6 +1185,7 @@ fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
         "peer_msgs_per_sec": r.peer.msgs_per_sec,
         "peer_gbit_per_sec": r.peer.gbit_per_sec,
         "peer_lost": r.peer.lost,
+        "stack_reliable": r.reliable,
         "ratio": r.ratio(),
         "note": note,
         "tunnel_port_tx": handoff.map(|h| h.0),

@@ -196,6 +196,8 @@ pub struct TunnelRun {
     pub seal: SealCost,
     /// The stack alone.
     pub peer: PeerRun,
+    /// Whether the stack repairs loss (udp does not).
+    pub reliable: bool,
 }
 
 impl TunnelRun {
@@ -223,11 +225,21 @@ impl TunnelRun {
         if lost == 0 {
             return "every message sent through the tunnel was received".to_owned();
         }
-        let mut note = format!(
-            "{lost} of {} messages sent through the tunnel were not received within the settle \
-             time: the overlay should lose none (backpressure), so this is worth a look",
-            t.sent
-        );
+        let mut note = if self.reliable {
+            format!(
+                "{lost} of {} messages sent through the tunnel were not received within the \
+                 settle time: over a reliable stack the overlay should lose none (backpressure), \
+                 so this is worth a look",
+                t.sent
+            )
+        } else {
+            format!(
+                "{lost} of {} messages sent through the tunnel were lost: this stack does not \
+                 repair loss, and the kernel drops datagrams a receiver does not read in time \
+                 (the stack alone lost {} in its run)",
+                t.sent, self.peer.lost
+            )
+        };
         match tunnel_handoff(&t.daemons) {
             Some((tx, rx)) if tx > rx => note.push_str(&format!(
                 "; A's engine handed {tx} messages (segments) to its tunnel port and B's engine \
@@ -277,7 +289,9 @@ pub fn run_tunnel(cfg: &TunnelConfig) -> Result<TunnelRun, BenchError> {
         ..GenConfig::default()
     };
     // Refuse a size the stack cannot carry before starting anything.
-    check(&*open_stack(cfg.stack.name())?, &gen_cfg)?;
+    let stack = open_stack(cfg.stack.name())?;
+    check(&*stack, &gen_cfg)?;
+    let reliable = stack.capabilities().reliable;
     let binary = match &cfg.uniplaned {
         Some(p) => p.clone(),
         None => sibling_binary("uniplaned").ok_or_else(|| {
@@ -310,6 +324,7 @@ pub fn run_tunnel(cfg: &TunnelConfig) -> Result<TunnelRun, BenchError> {
             gbit_per_sec: run.goodput_gbps(),
             lost: run.lost,
         },
+        reliable,
     })
 }
 
@@ -873,6 +888,7 @@ mod tests {
                 msgs_per_sec: 4000.0,
                 ..PeerRun::default()
             },
+            reliable: true,
         };
         assert_eq!(run.tunnel.msgs_per_sec(), 1000.0);
         assert_eq!(run.ratio(), Some(0.25));
@@ -892,6 +908,7 @@ mod tests {
                 received: 100,
                 ..OneWay::default()
             },
+            reliable: true,
             ..TunnelRun::default()
         };
         assert_eq!(
@@ -910,6 +927,12 @@ mod tests {
             "{note}"
         );
         assert!(note.contains("neither daemon counted a drop"), "{note}");
+        run.reliable = false;
+        assert!(
+            run.note().contains("does not repair loss"),
+            "{}",
+            run.note()
+        );
     }
 
     #[test]
