@@ -5,8 +5,8 @@
 //! ```text
 //!  this process                 uniplaned A (10.254.0.1)        uniplaned B (10.254.0.2)        this process
 //!  ┌──────────────┐  shm rings  ┌──────────────────────┐  stack  ┌──────────────────────┐  shm  ┌──────────────┐
-//!  │ sender thread├────────────►│ engine ─► seal (FWRD)├────────►│ open ─► engine        ├──────►│receiver thread│
-//!  └──────────────┘             └──────────────────────┘ 127.0.0.1└──────────────────────┘       └──────────────┘
+//!  │    sender    ├────────────►│ engine ─► seal (FWRD)├────────►│ open ─► engine       ├──────►│   receiver   │
+//!  └──────────────┘             └──────────────────────┘127.0.0.1└──────────────────────┘       └──────────────┘
 //!        peer channel (TCP, sealed JSON lines) and tunnel handshake: cluster secret in the temp dir
 //!  then, in the same run:  Sealer::seal + Sealer::open of the same message on one thread (no I/O)
 //!                          the stack alone, one way: `gen` over the same stack, no daemons
@@ -43,8 +43,9 @@ use uniplane_services::seal::{End, Sealer};
 use crate::engine::Quiet;
 use crate::fabric::thread_cpu_ns;
 use crate::gen::{check, run_gen, GenConfig, Stop};
-use crate::path::WaitMode;
-use crate::path::{client_err, runtime, scratch_dir, session, sibling_binary, DaemonProcess};
+use crate::path::{
+    client_err, runtime, scratch_dir, session, sibling_binary, DaemonProcess, WaitMode,
+};
 use crate::sizes::SizeMix;
 use crate::stacks::{default_endpoints, open_stack};
 use crate::BenchError;
