@@ -237,7 +237,7 @@ pub fn run_fabric(
 }
 
 /// CPU time this thread has run, in ns.
-fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -18,6 +18,9 @@
 //!   latency it adds (DUA Fig. 11(a)).
 //! - [`share`]: three applications sharing a shaped interface as the
 //!   policy changes (DUA Fig. 11(b)).
+//! - [`path`]: the whole path of one server through a `uniplaned` started
+//!   for the run; [`tunnel`]: one way between two servers, through two
+//!   daemons and the sealed tunnel between them, beside the stack alone.
 //!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
@@ -41,5 +44,6 @@ pub mod share;
 pub mod sizes;
 pub mod stacks;
 pub mod stamp;
+pub mod tunnel;
 
 pub use error::BenchError;

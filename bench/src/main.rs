@@ -5,6 +5,7 @@
 //! uniplane-bench gen  --stack udp --sizes 64..1024 --rate 1Mpps --plot sweep.svg
 //! uniplane-bench rtt  --stack mem --size 64 --seconds 5
 //! uniplane-bench peer --tool iperf3 --seconds 3 --rounds 2 --json
+//! uniplane-bench tunnel --stack udp --size 64 --seconds 2 --json
 //! ```
 
 use std::io::{IsTerminal, Write};
@@ -63,6 +64,29 @@ enum Command {
     /// The whole path through a uniplaned started here: application →
     /// plane → echo → application, and one way between two applications.
     Path(PathArgs),
+    /// One way between two servers: through two uniplaned started here,
+    /// peers over a sealed tunnel, beside the stack alone and the cost of
+    /// sealing.
+    Tunnel(TunnelArgs),
+}
+
+#[derive(Args)]
+struct TunnelArgs {
+    /// The tunnel's stack (and the peer's): udp, ltl or tcp.
+    #[arg(long, default_value = "udp", value_parser = ["udp", "ltl", "tcp"])]
+    stack: String,
+    /// Payload bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64")]
+    size: usize,
+    /// Measured seconds, through the tunnel and over the stack alone each.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Seconds of warm-up before each of the two, excluded.
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1075,6 +1099,102 @@ fn path(cli: &Cli, a: &PathArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("path", params, r))
 }
 
+fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
+    use uniplane_bench::tunnel::{
+        peer_name, run_tunnel, tunnel_handoff, TunnelConfig, TunnelStack, SERVER_A, SERVER_B,
+    };
+    let stack = TunnelStack::by_name(&a.stack)
+        .ok_or_else(|| BenchError::Config(format!("--stack `{}`: udp, ltl or tcp", a.stack)))?;
+    let warmup = Duration::try_from_secs_f64(a.warmup)
+        .map_err(|_| BenchError::Config(format!("bad warm-up `{}`", a.warmup)))?;
+    let cfg = TunnelConfig {
+        stack,
+        size: a.size,
+        seconds: a.seconds,
+        warmup,
+        uniplaned: a.uniplaned.clone(),
+    };
+    let r = run_tunnel(&cfg)?;
+    let peer = peer_name(stack);
+    let (t, lost) = (&r.tunnel, r.lost());
+    let note = r.note();
+    let handoff = tunnel_handoff(&t.daemons);
+    let mps = |v: f64| format!("{:.3} M", v / 1e6);
+    println!(
+        "tunnel over {}: {} B payloads, {} s measured after {} s of warm-up, {SERVER_A} → {SERVER_B} \
+         through two uniplaned on 127.0.0.1 (sealed tunnel, cluster secret)",
+        a.stack, a.size, a.seconds, a.warmup
+    );
+    println!(
+        "  {:<58} {:>12} {:>14}",
+        "one way, at the receiver", "msgs/s", "payload Gbit/s"
+    );
+    println!(
+        "  {:<58} {:>12} {:>14.3}",
+        "through the two daemons",
+        mps(t.msgs_per_sec()),
+        t.gbit_per_sec()
+    );
+    println!(
+        "  {:<58} {:>12} {:>14.3}",
+        format!("peer: {peer}"),
+        mps(r.peer.msgs_per_sec),
+        r.peer.gbit_per_sec
+    );
+    println!(
+        "  ratio tunnel / peer {}",
+        r.ratio()
+            .map_or("n/a (the peer received nothing)".to_owned(), |x| format!(
+                "{x:.3}"
+            ))
+    );
+    println!(
+        "  seal + open {:.0} ns of CPU per message (seal {:.0}, open {:.0}; one thread, no I/O): {:.3} of a core at the measured rate",
+        r.seal.seal_open_ns(),
+        r.seal.seal_ns,
+        r.seal.open_ns,
+        r.seal_share_of_a_core()
+    );
+    println!(
+        "  sent {}, received {} (warm-up included); {note}; the peer lost {}",
+        t.sent, t.received, r.peer.lost
+    );
+    let params = json!({
+        "stack": a.stack,
+        "size": a.size,
+        "seconds": a.seconds,
+        "warmup_s": a.warmup,
+        "servers": [SERVER_A.to_string(), SERVER_B.to_string()],
+        "daemons": "two uniplaned on 127.0.0.1, engine spin-then-park, peers over the stack with a cluster secret",
+        "sessions": "park; sender and receiver each on their own OS thread with a current-thread runtime",
+        "peer": peer,
+    });
+    let results = json!({
+        "msgs_per_sec": t.msgs_per_sec(),
+        "gbit_per_sec": t.gbit_per_sec(),
+        "sent": t.sent,
+        "received": t.received,
+        "lost": lost,
+        "measured": t.measured,
+        "seconds": t.seconds,
+        "seal_ns_per_msg": r.seal.seal_ns,
+        "open_ns_per_msg": r.seal.open_ns,
+        "seal_open_ns_per_msg": r.seal.seal_open_ns(),
+        "seal_share_of_a_core": r.seal_share_of_a_core(),
+        "peer": peer,
+        "peer_msgs_per_sec": r.peer.msgs_per_sec,
+        "peer_gbit_per_sec": r.peer.gbit_per_sec,
+        "peer_lost": r.peer.lost,
+        "stack_reliable": r.reliable,
+        "ratio": r.ratio(),
+        "note": note,
+        "tunnel_port_tx": handoff.map(|h| h.0),
+        "tunnel_port_rx": handoff.map(|h| h.1),
+        "daemons": t.daemons,
+    });
+    emit(cli.json, &Report::new("tunnel", params, results))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1088,6 +1208,7 @@ fn main() -> ExitCode {
         Command::Overhead(a) => overhead(&cli, a),
         Command::Share(a) => share(&cli, a),
         Command::Path(a) => path(&cli, a),
+        Command::Tunnel(a) => tunnel(&cli, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -101,13 +101,7 @@ impl DaemonProcess {
     /// fresh runtime directory and waits (at most 20 s) until its control
     /// socket answers.
     pub fn start(binary: &Path, plane: PlaneKind, wait: WaitMode) -> Result<Self, BenchError> {
-        let dir = std::env::temp_dir().join(format!(
-            "uniplane-bench-path-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).map_err(|e| config_err(&dir, e))?;
-        let config = dir.join("uniplaned.toml");
+        let dir = scratch_dir("path")?;
         let mode = match wait {
             WaitMode::Busy => "busy-poll",
             WaitMode::Park => "spin-then-park",
@@ -120,30 +114,77 @@ impl DaemonProcess {
              [policy]\ndefault = \"allow-local\"\n",
             dir.display()
         );
-        std::fs::File::create(&config)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .map_err(|e| config_err(&config, e))?;
-        let mut cmd = Command::new(binary);
-        cmd.arg("--config").arg(&config);
-        if plane != PlaneKind::Engine {
-            cmd.arg("--plane").arg(plane.name());
-        }
-        let child = cmd
+        let args: &[&str] = match plane {
+            PlaneKind::Engine => &[],
+            PlaneKind::Rtl => &["--plane", "rtl"],
+        };
+        DaemonProcess::spawn(binary, dir, &text, args)
+    }
+
+    /// Starts `binary` with `config` (TOML, whose `[runtime] dir` should
+    /// be `dir`) and `args`, its runtime directory and log in `dir`, which
+    /// it owns from now on (removed on drop, also on failure); waits (at
+    /// most 20 s) until its control socket answers.
+    pub fn spawn(
+        binary: &Path,
+        dir: PathBuf,
+        config: &str,
+        args: &[&str],
+    ) -> Result<Self, BenchError> {
+        let file = dir.join("uniplaned.toml");
+        let log = dir.join("uniplaned.log");
+        let made = std::fs::File::create(&file)
+            .and_then(|mut f| f.write_all(config.as_bytes()))
+            .map_err(|e| config_err(&file, e))
+            .and_then(|()| std::fs::File::create(&log).map_err(|e| config_err(&log, e)));
+        let log_file = match made {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        // The log goes to a file, not a pipe nobody reads: a chatty daemon
+        // must never block on a full pipe.
+        let child = Command::new(binary)
+            .arg("--config")
+            .arg(&file)
+            .args(args)
             .env("UNIPLANE_RUNTIME_DIR", &dir)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                BenchError::Config(format!(
+            .stderr(log_file)
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(BenchError::Config(format!(
                     "starting {}: {e} (build it: cargo build --release -p uniplane-services --bin uniplaned)",
                     binary.display()
-                ))
-            })?;
+                )));
+            }
+        };
         let mut daemon = DaemonProcess { child, dir };
         daemon.wait_ready(Duration::from_secs(20))?;
         Ok(daemon)
+    }
+
+    /// The last lines the daemon logged (at most 2 KiB).
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("uniplaned.log")).unwrap_or_default();
+        let text = text.trim();
+        let mut from = text.len().saturating_sub(2048);
+        while !text.is_char_boundary(from) {
+            from += 1;
+        }
+        text[from..].to_owned()
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// The runtime directory holding its sockets.
@@ -156,13 +197,9 @@ impl DaemonProcess {
         let start = Instant::now();
         while start.elapsed() < limit {
             if let Ok(Some(status)) = self.child.try_wait() {
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                }
                 return Err(BenchError::Config(format!(
                     "uniplaned exited ({status}): {}",
-                    err.trim()
+                    self.log_tail()
                 )));
             }
             if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
@@ -189,6 +226,22 @@ fn config_err(path: &Path, e: std::io::Error) -> BenchError {
     BenchError::Config(format!("{}: {e}", path.display()))
 }
 
+/// A new, empty directory under the system's temporary directory, named
+/// after `what`, this process and a counter.
+pub fn scratch_dir(what: &str) -> Result<PathBuf, BenchError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "uniplane-bench-{what}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| config_err(&dir, e))?;
+    Ok(dir)
+}
+
 /// A sibling binary of this program (`uniplaned`, `uniplane`).
 pub fn sibling_binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
@@ -196,7 +249,7 @@ pub fn sibling_binary(name: &str) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -206,11 +259,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         })
 }
 
-fn client_err(e: impl std::fmt::Display) -> BenchError {
+pub(crate) fn client_err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Config(format!("client: {e}"))
 }
 
-async fn session(dir: &Path, name: &str, wait: WaitMode) -> Result<Session, BenchError> {
+pub(crate) async fn session(dir: &Path, name: &str, wait: WaitMode) -> Result<Session, BenchError> {
     let wait = match wait {
         WaitMode::Busy => Wait::Busy,
         WaitMode::Park => Wait::Park {

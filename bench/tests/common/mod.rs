@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -92,4 +93,22 @@ pub fn tool_available(tool: &str, package: &str) -> bool {
     }
     eprintln!("skipping: `{tool}` not installed (Debian package {package})");
     false
+}
+
+/// The `uniplaned` built next to the benchmark, when there is one; when
+/// there is none, `None` (skip) unless `UNIPLANE_REQUIRE_TOOLS` is set,
+/// which makes the absence a failure.
+pub fn uniplaned() -> Option<PathBuf> {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_uniplane-bench"));
+    let daemon = bench.parent()?.join("uniplaned");
+    if daemon.exists() {
+        return Some(daemon);
+    }
+    assert!(
+        std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_none(),
+        "no uniplaned beside {}: run the workspace's tests (cargo test --workspace) or build it first",
+        bench.display()
+    );
+    eprintln!("skipped: no uniplaned built beside the benchmark");
+    None
 }
