@@ -68,6 +68,7 @@ impl Sink<Message> for SealedLink {
         let this = self.get_mut();
         let frame = this.sealer.seal(&m)?;
         this.outgoing.push_back(frame);
+        this.counters.security.frames_sealed.fetch_add(1, Relaxed);
         Ok(())
     }
 
@@ -121,6 +122,12 @@ impl Link for SealedLink {
                     }
                 }
             }
+            if n > 0 {
+                self.counters
+                    .security
+                    .frames_opened
+                    .fetch_add(n as u64, Relaxed);
+            }
             match got {
                 // Messages before a failure are delivered first.
                 Err(e) if n == 0 => return Poll::Ready(Err(e)),
@@ -149,10 +156,15 @@ impl Link for SealedLink {
             }
             // Accept one batch's worth; it waits here until `inner`
             // takes it, so the bound is the caller's batch.
+            let before = self.outgoing.len();
             while let Some(m) = batch.pop_front() {
                 let frame = self.sealer.seal(&m)?;
                 self.outgoing.push_back(frame);
             }
+            self.counters
+                .security
+                .frames_sealed
+                .fetch_add((self.outgoing.len() - before) as u64, Relaxed);
         }
     }
 }

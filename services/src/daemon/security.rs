@@ -19,6 +19,10 @@ pub(super) struct Security {
     pub frames_foreign_source: AtomicU64,
     /// Tunnel frames too short to carry a seal.
     pub frames_unsealed: AtomicU64,
+    /// Tunnel frames sealed and handed to a stack.
+    pub frames_sealed: AtomicU64,
+    /// Tunnel frames opened and believed.
+    pub frames_opened: AtomicU64,
     started: Instant,
     /// Second (since `started`) of the last warning logged.
     last_warning: AtomicU64,
@@ -33,6 +37,8 @@ impl Security {
             frames_replayed: AtomicU64::new(0),
             frames_foreign_source: AtomicU64::new(0),
             frames_unsealed: AtomicU64::new(0),
+            frames_sealed: AtomicU64::new(0),
+            frames_opened: AtomicU64::new(0),
             started: Instant::now(),
             last_warning: AtomicU64::new(u64::MAX),
         }
@@ -72,7 +78,7 @@ impl Security {
     }
 
     /// Every counter, with its metric name and help.
-    pub fn metrics(&self) -> [(&'static str, &'static str, u64); 6] {
+    pub fn metrics(&self) -> [(&'static str, &'static str, u64); 8] {
         [
             (
                 "uniplane_peer_refused_total",
@@ -103,6 +109,16 @@ impl Security {
                 "uniplane_tunnel_frames_unsealed_total",
                 "Tunnel frames dropped: no seal.",
                 self.frames_unsealed.load(Relaxed),
+            ),
+            (
+                "uniplane_tunnel_frames_sealed_total",
+                "Tunnel frames sealed for a stack.",
+                self.frames_sealed.load(Relaxed),
+            ),
+            (
+                "uniplane_tunnel_frames_opened_total",
+                "Tunnel frames opened and believed.",
+                self.frames_opened.load(Relaxed),
             ),
         ]
     }
