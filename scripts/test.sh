@@ -19,6 +19,7 @@ NEEDS=(
   "iperf3:iperf3"
   "sockperf:sockperf"
   "fc-list:fontconfig"
+  "protoc:protobuf-compiler"
 )
 
 missing=()
