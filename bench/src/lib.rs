@@ -18,6 +18,8 @@
 //!   latency it adds (DUA Fig. 11(a)).
 //! - [`share`]: three applications sharing a shaped interface as the
 //!   policy changes (DUA Fig. 11(b)).
+//! - [`rpc`]: unary RPC through uniplane (native or tonic) beside tonic
+//!   over TCP loopback.
 //!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
@@ -36,6 +38,7 @@ pub mod path;
 pub mod peer;
 pub mod plot;
 pub mod report;
+pub mod rpc;
 pub mod rtt;
 pub mod share;
 pub mod sizes;
