@@ -79,9 +79,10 @@ struct RpcArgs {
     /// Calls in flight.
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
-    /// Payload bytes of each request and response.
-    #[arg(long, value_parser = parse_size, default_value = "64")]
-    size: usize,
+    /// Payload bytes of each request and response (a call may span
+    /// several overlay messages: up to 4 MiB).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=4 << 20))]
+    size: u32,
     /// Measured seconds per side.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
@@ -1117,7 +1118,7 @@ fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
             _ => RpcStack::Shm,
         },
         concurrency: a.concurrency.max(1),
-        size: a.size,
+        size: a.size as usize,
         seconds: a.seconds,
         wait: match a.wait.as_str() {
             "busy" => RpcWait::Busy,
