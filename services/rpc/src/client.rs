@@ -462,6 +462,9 @@ impl Pending {
     }
 }
 
+/// How long a new connection waits for the server's hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The client's connection driver: see the module's picture.
 async fn drive(
     mut wire: Wire,
@@ -471,10 +474,15 @@ async fn drive(
     let mut calls: FxHashMap<u32, Pending> = FxHashMap::default();
     let mut batch = Vec::with_capacity(64);
     let mut open = true;
-    // Nothing is sent before the server's hello (see the server's driver).
+    // Nothing is sent before the server's hello (see the server's driver),
+    // and a server that never says it is given up.
     let mut greeted = false;
+    let mut hello_by = Box::pin(tokio::time::sleep(HELLO_TIMEOUT));
     let end = std::future::poll_fn(|cx| loop {
         let mut progress = false;
+        if !greeted && hello_by.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Status::unavailable("no hello from the server"));
+        }
         if open && greeted && wire.queued() < 256 {
             match commands.poll_recv_many(cx, &mut batch, 64) {
                 Poll::Ready(0) => open = false,

@@ -628,3 +628,25 @@ async fn raw_first_burst_larger_than_the_ring_arrives() {
     assert_eq!(unit.len(), 18 * 60 * 1024);
     drop(sending);
 }
+
+/// A "server" that accepts and never speaks: calls end with
+/// Unavailable once the hello is overdue (10 s), not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_says_hello_fails_calls_instead_of_hanging() {
+    let s = setup("no-hello", ServerOptions::default()).await;
+    let server = s.server_session.as_ref().unwrap();
+    let mut listener = server.listen(PORT + 2).await.unwrap();
+    let conn = s.caller.connect(server.uid().port(PORT + 2)).await.unwrap();
+    let _silent = tokio::time::timeout(WAIT, listener.accept()).await.unwrap();
+    let mut client = Client::new(conn, ClientOptions::default());
+    let call = client
+        .ready()
+        .await
+        .unwrap()
+        .call(Call::new("/t/Echo", Bytes::new()));
+    let err = tokio::time::timeout(Duration::from_secs(15), call)
+        .await
+        .expect("an answer before 15 s")
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+}
