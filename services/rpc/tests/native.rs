@@ -650,3 +650,70 @@ async fn a_server_that_never_says_hello_fails_calls_instead_of_hanging() {
         .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
 }
+
+/// tower's own layers on the server: load shedding in front of a
+/// concurrency limit of 1 refuses the second call in flight with
+/// ResourceExhausted (tower's `Overloaded`, mapped), and the first one
+/// is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tower_load_shedding_on_the_server_is_resource_exhausted() {
+    let s = setup_with("shed", ServerOptions::default(), |svc| {
+        tower::util::BoxCloneSyncService::new(
+            tower::ServiceBuilder::new()
+                .map_err(Status::from)
+                .load_shed()
+                .concurrency_limit(1)
+                .service(svc),
+        )
+    })
+    .await;
+    let mut client = s.client(ClientOptions::default()).await;
+    let first = client
+        .ready()
+        .await
+        .unwrap()
+        .call(Call::new("/t/Slow", Bytes::new()));
+    let first = tokio::spawn(first);
+    // The first call holds the one slot for 300 ms; this one is shed.
+    let mut shed = None;
+    for _ in 0..50 {
+        match unary(&mut client, Call::new("/t/Echo", Bytes::from("x"))).await {
+            Err(e) => {
+                shed = Some(e);
+                break;
+            }
+            Ok(_) => tokio::task::yield_now().await,
+        }
+    }
+    let shed = shed.expect("a call shed while the slot was taken");
+    assert_eq!(shed.code(), Code::ResourceExhausted, "{shed}");
+    let done = tokio::time::timeout(WAIT, first).await.unwrap().unwrap();
+    assert_eq!(done.unwrap(), "slow done");
+}
+
+/// tower's timeout on the client: a call slower than it ends with
+/// DeadlineExceeded (tower's `Elapsed`, mapped) and the server drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tower_timeout_on_the_client_is_deadline_exceeded_and_cancels() {
+    let mut s = setup("tower-timeout", ServerOptions::default()).await;
+    let client = s.client(ClientOptions::default()).await;
+    let mut svc = tower::ServiceBuilder::new()
+        .timeout(Duration::from_millis(50))
+        .service(client);
+    let err = tokio::time::timeout(WAIT, async {
+        svc.ready()
+            .await?
+            .call(Call::new("/t/Sleep", Bytes::new()))
+            .await
+    })
+    .await
+    .expect("an answer in time")
+    .unwrap_err();
+    assert_eq!(Status::from(err).code(), Code::DeadlineExceeded);
+    assert_eq!(s.event().await, "started");
+    assert_eq!(
+        s.event().await,
+        "dropped",
+        "the timed-out call was cancelled"
+    );
+}
