@@ -37,6 +37,8 @@ pub mod identity;
 mod server;
 mod status;
 pub mod stream;
+#[cfg(feature = "tarpc")]
+pub mod tarpc;
 #[cfg(feature = "tonic")]
 pub mod tonic;
 mod wire;
