@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 use tower::Service;
-use uniplane_client::{Connection, Session};
+use uniplane_client::{ClientError, Connection, Session};
 use uniplane_dataplane::{Endpoint, Uid};
 
 use crate::frame::{Flags, Head, Kind};
@@ -704,6 +704,16 @@ impl Connector {
 
 type ConnectFuture = Pin<Box<dyn Future<Output = Result<Client, Status>> + Send>>;
 
+/// Why a connection could not be opened, as a status: the daemon's ACL
+/// refusing it is `PermissionDenied`, anything else `Unavailable`.
+fn connect_error(to: Endpoint, e: ClientError) -> Status {
+    let code = match &e {
+        ClientError::Daemon { kind, .. } if kind == "denied" => Code::PermissionDenied,
+        _ => Code::Unavailable,
+    };
+    Status::new(code, format!("connecting to {to}: {e}"))
+}
+
 impl Service<Endpoint> for Connector {
     type Response = Client;
     type Error = Status;
@@ -720,7 +730,7 @@ impl Service<Endpoint> for Connector {
             let conn = session
                 .connect(to)
                 .await
-                .map_err(|e| Status::unavailable(format!("connecting to {to}: {e}")))?;
+                .map_err(|e| connect_error(to, e))?;
             Ok(Client::new(conn, options))
         })
     }

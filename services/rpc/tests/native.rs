@@ -241,7 +241,9 @@ async fn poll_ready_is_pending_while_every_slot_is_in_flight() {
 async fn a_call_past_its_deadline_fails_and_the_server_drops_it() {
     let mut s = setup("deadline", ServerOptions::default()).await;
     let mut client = s.client(ClientOptions::default()).await;
-    let call = Call::new("/t/Sleep", Bytes::new()).timeout(Duration::from_millis(50));
+    let warm = unary(&mut client, Call::new("/t/Echo", Bytes::from("warm"))).await;
+    assert!(warm.is_ok());
+    let call = Call::new("/t/Sleep", Bytes::new()).timeout(Duration::from_millis(200));
     let err = unary(&mut client, call).await.unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded);
     assert_eq!(s.event().await, "started");
@@ -696,9 +698,13 @@ async fn tower_load_shedding_on_the_server_is_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tower_timeout_on_the_client_is_deadline_exceeded_and_cancels() {
     let mut s = setup("tower-timeout", ServerOptions::default()).await;
-    let client = s.client(ClientOptions::default()).await;
+    let mut client = s.client(ClientOptions::default()).await;
+    // The connection is up (hello done), so the call reaches the server
+    // well within the timeout even on a loaded machine.
+    let warm = unary(&mut client, Call::new("/t/Echo", Bytes::from("warm"))).await;
+    assert!(warm.is_ok());
     let mut svc = tower::ServiceBuilder::new()
-        .timeout(Duration::from_millis(50))
+        .timeout(Duration::from_millis(200))
         .service(client);
     let err = tokio::time::timeout(WAIT, async {
         svc.ready()
@@ -716,4 +722,33 @@ async fn tower_timeout_on_the_client_is_deadline_exceeded_and_cancels() {
         "dropped",
         "the timed-out call was cancelled"
     );
+}
+
+/// The daemon's ACL refuses the connection: the connector says
+/// PermissionDenied, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_acl_refuses_is_permission_denied() {
+    let dir = std::env::temp_dir().join(format!("uniplane-rpc-acl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!("{CONFIG}\n[policy]\ndefault = \"deny\"\n");
+    let (daemon, control) = embedded(Config::parse(&text, "acl").unwrap(), &dir)
+        .await
+        .unwrap();
+    let server = control.attach("server").await.unwrap();
+    let _listener = server.listen(PORT).await.unwrap();
+    let caller = Arc::new(
+        uniplane_services::client::Client::connect(daemon.runtime_dir())
+            .await
+            .unwrap()
+            .attach("caller")
+            .await
+            .unwrap(),
+    );
+    let mut connector = uniplane_rpc::Connector::new(caller, PORT, ClientOptions::default());
+    let refused = tokio::time::timeout(WAIT, connector.call(server.uid()))
+        .await
+        .expect("an answer in time");
+    assert_eq!(refused.unwrap_err().code(), Code::PermissionDenied);
+    daemon.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
 }
