@@ -89,7 +89,10 @@ struct Shared {
     commands: Commands,
     next_tag: AtomicU32,
     in_flight: AtomicUsize,
-    closed: AtomicBool,
+    /// Set by the driver when the connection ended (the driver holds
+    /// this flag, not `Shared`, so that dropping every handle closes the
+    /// commands channel and ends the driver).
+    closed: Arc<AtomicBool>,
     options: ClientOptions,
     remote: Endpoint,
 }
@@ -153,12 +156,12 @@ impl Client {
             commands: tx,
             next_tag: AtomicU32::new(1),
             in_flight: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
+            closed: Arc::new(AtomicBool::new(false)),
             options,
             remote: conn.remote(),
         });
         let wire = Wire::new(conn, options.max_message);
-        tokio::spawn(drive(wire, rx, shared.clone()));
+        tokio::spawn(drive(wire, rx, shared.closed.clone()));
         Client {
             shared,
             slots: PollSemaphore::new(Arc::new(Semaphore::new(options.max_in_flight))),
@@ -469,7 +472,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 async fn drive(
     mut wire: Wire,
     mut commands: mpsc::UnboundedReceiver<Command>,
-    shared: Arc<Shared>,
+    closed: Arc<AtomicBool>,
 ) {
     let mut calls: FxHashMap<u32, Pending> = FxHashMap::default();
     let mut batch = Vec::with_capacity(64);
@@ -522,7 +525,7 @@ async fn drive(
         }
     })
     .await;
-    shared.closed.store(true, Ordering::Release);
+    closed.store(true, Ordering::Release);
     for (_, call) in calls.drain() {
         call.finish(Err(end.clone()));
     }

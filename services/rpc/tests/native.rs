@@ -752,3 +752,42 @@ async fn a_connection_the_acl_refuses_is_permission_denied() {
     daemon.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Dropping the last handle of a client (with no call left) closes its
+/// connection: the far end sees it end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_client_handle_closes_the_connection() {
+    let s = setup("drop-client", ServerOptions::default()).await;
+    let server = s.server_session.as_ref().unwrap();
+    let mut listener = server.listen(PORT + 3).await.unwrap();
+    let conn = s.caller.connect(server.uid().port(PORT + 3)).await.unwrap();
+    let mut far = tokio::time::timeout(WAIT, listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    // This end plays the server: hello, then one answer.
+    send_frame(&mut far, &Head::new(Kind::Status, 0), b"", b"").await;
+    let client = Client::new(conn, ClientOptions::default());
+    let mut second = client.clone();
+    drop(client);
+    let call = second
+        .ready()
+        .await
+        .unwrap()
+        .call(Call::new("/t/Echo", Bytes::new()));
+    let request = recv_frame(&mut far).await;
+    let head = Head {
+        flags: Flags::MESSAGE,
+        ..Head::new(Kind::Status, request.tag())
+    };
+    send_frame(&mut far, &head, b"", b"answer").await;
+    assert_eq!(
+        tokio::time::timeout(WAIT, call).await.unwrap().unwrap(),
+        "answer"
+    );
+    drop(second);
+    let end = tokio::time::timeout(WAIT, far.recv())
+        .await
+        .expect("the connection closes in time");
+    assert!(end.is_none(), "{end:?}");
+}
