@@ -32,6 +32,7 @@
 
 mod bytestream;
 mod client;
+pub mod discover;
 pub mod frame;
 pub mod identity;
 mod server;

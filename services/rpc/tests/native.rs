@@ -791,3 +791,62 @@ async fn dropping_the_last_client_handle_closes_the_connection() {
         .expect("the connection closes in time");
     assert!(end.is_none(), "{end:?}");
 }
+
+/// Discovery from the daemon's registry feeds tower's balancer: two
+/// servers registered as `server…`, calls spread over both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_feeds_tower_balance_with_every_matching_server() {
+    let s = setup("balance", ServerOptions::default()).await;
+    // A second server, "server-b", answering "b" to everything.
+    let b = uniplane_services::client::Client::connect(s.daemon.runtime_dir())
+        .await
+        .unwrap()
+        .attach("server-b")
+        .await
+        .unwrap();
+    let listener = b.listen(PORT).await.unwrap();
+    let _b_server = uniplane_rpc::spawn(
+        listener,
+        |_| {
+            tower::service_fn(|_call: ServerCall| async {
+                Ok::<_, Status>(Reply::Unary(Bytes::from_static(b"b")))
+            })
+        },
+        ServerOptions::default(),
+    );
+    let caller = Arc::new(
+        uniplane_services::client::Client::connect(s.daemon.runtime_dir())
+            .await
+            .unwrap()
+            .attach("balancer")
+            .await
+            .unwrap(),
+    );
+    let discover = uniplane_rpc::discover::registry(
+        caller,
+        |name| name.starts_with("server"),
+        PORT,
+        ClientOptions::default(),
+        Duration::from_millis(100),
+    );
+    let mut balance = tower::balance::p2c::Balance::new(Box::pin(discover));
+    let (mut a_hits, mut b_hits) = (0, 0);
+    for _ in 0..60 {
+        let got = tokio::time::timeout(WAIT, async {
+            balance
+                .ready()
+                .await?
+                .call(Call::new("/t/Echo", Bytes::from_static(b"a")))
+                .await
+        })
+        .await
+        .expect("an answer in time")
+        .unwrap();
+        match &got[..] {
+            b"a" => a_hits += 1,
+            b"b" => b_hits += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(a_hits > 0 && b_hits > 0, "a {a_hits}, b {b_hits}");
+}
