@@ -148,7 +148,7 @@ impl Setup {
     /// A connection for raw frames, after the server's hello.
     async fn raw_connection(&self) -> Connection {
         let mut conn = self.connection().await;
-        let hello = recv_frame(&mut conn).await;
+        let hello = recv_any_frame(&mut conn).await;
         assert_eq!(
             (hello.kind(), hello.tag(), hello.status()),
             (Kind::Status, 0, Code::Ok)
@@ -440,13 +440,24 @@ async fn send_frame(conn: &mut Connection, head: &Head, method: &[u8], payload: 
     conn.send_push(b.freeze()).await.unwrap();
 }
 
-async fn recv_frame(conn: &mut Connection) -> Frame {
+async fn recv_any_frame(conn: &mut Connection) -> Frame {
     let unit = tokio::time::timeout(WAIT, conn.recv_until_push())
         .await
         .expect("a frame in time")
         .expect("connection open")
         .unwrap();
     Frame::parse(unit).unwrap()
+}
+
+/// The next frame that is not a repeated hello (the server repeats it
+/// until the caller speaks).
+async fn recv_frame(conn: &mut Connection) -> Frame {
+    loop {
+        let f = recv_any_frame(conn).await;
+        if (f.kind(), f.tag(), f.status()) != (Kind::Status, 0, Code::Ok) {
+            return f;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
