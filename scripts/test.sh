@@ -19,6 +19,7 @@ NEEDS=(
   "iperf3:iperf3"
   "sockperf:sockperf"
   "fc-list:fontconfig"
+  "protoc:protobuf-compiler"
 )
 
 missing=()
@@ -65,6 +66,9 @@ cargo test --workspace --doc
 echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
 cargo clippy -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl --all-targets -- -D warnings
 cargo test -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl
+echo "==> uniplane-rpc with its tarpc transport (--features tarpc)"
+cargo clippy -p uniplane-rpc --features tarpc --all-targets -- -D warnings
+cargo test -p uniplane-rpc --features tarpc --test tarpc
 echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings

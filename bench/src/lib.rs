@@ -21,6 +21,8 @@
 //! - [`path`]: the whole path of one server through a `uniplaned` started
 //!   for the run; [`tunnel`]: one way between two servers, through two
 //!   daemons and the sealed tunnel between them, beside the stack alone.
+//! - [`rpc`]: unary RPC through uniplane (native or tonic) beside tonic
+//!   over TCP loopback.
 //!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
@@ -39,6 +41,7 @@ pub mod path;
 pub mod peer;
 pub mod plot;
 pub mod report;
+pub mod rpc;
 pub mod rtt;
 pub mod share;
 pub mod sizes;

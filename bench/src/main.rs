@@ -68,6 +68,9 @@ enum Command {
     /// peers over a sealed tunnel, beside the stack alone and the cost of
     /// sealing.
     Tunnel(TunnelArgs),
+    /// Unary RPC of one Echo service through uniplane (native frames or
+    /// tonic over the byte-stream adapter) beside tonic over TCP loopback.
+    Rpc(RpcArgs),
 }
 
 #[derive(Args)]
@@ -84,6 +87,32 @@ struct TunnelArgs {
     /// Seconds of warm-up before each of the two, excluded.
     #[arg(long, default_value_t = 0.5)]
     warmup: f64,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct RpcArgs {
+    /// native: uniplane-rpc's frames; tonic: tonic over the byte-stream adapter.
+    #[arg(long, default_value = "native", value_parser = ["native", "tonic"])]
+    mode: String,
+    /// shm: one daemon; tcp or ltl: two daemons peered over that tunnel.
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp", "ltl"])]
+    stack: String,
+    /// Calls in flight.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Payload bytes of each request and response (a call may span
+    /// several overlay messages: up to 4 MiB).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=4 << 20))]
+    size: u32,
+    /// Measured seconds per side.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// busy: sessions and engine poll; spin: spin 50 µs then park; park: park at once.
+    #[arg(long, default_value = "park", value_parser = ["busy", "spin", "park"])]
+    wait: String,
     /// The uniplaned binary (default: the one next to this program).
     #[arg(long)]
     uniplaned: Option<PathBuf>,
@@ -1195,6 +1224,63 @@ fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("tunnel", params, results))
 }
 
+fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
+    use uniplane_bench::rpc::{run_rpc, RpcConfig, RpcMode, RpcStack, RpcWait};
+    let cfg = RpcConfig {
+        mode: if a.mode == "tonic" {
+            RpcMode::Tonic
+        } else {
+            RpcMode::Native
+        },
+        stack: match a.stack.as_str() {
+            "tcp" => RpcStack::Tcp,
+            "ltl" => RpcStack::Ltl,
+            _ => RpcStack::Shm,
+        },
+        concurrency: a.concurrency.max(1),
+        size: a.size as usize,
+        seconds: a.seconds,
+        wait: match a.wait.as_str() {
+            "busy" => RpcWait::Busy,
+            "park" => RpcWait::Park,
+            _ => RpcWait::Spin,
+        },
+        uniplaned: a.uniplaned.clone(),
+    };
+    let r = run_rpc(&cfg)?;
+    let us = |v: &Value| {
+        v.as_f64()
+            .map_or("-".to_string(), |x| format!("{:.1}", x / 1000.0))
+    };
+    let line = |name: &str, v: &Value| {
+        println!(
+            "  {name:<28} p50 {:>8} µs  p99 {:>8} µs  {:>10.0} req/s  CPU/req: client {:>6} µs, server {:>6} µs, daemons {:>6} µs",
+            us(&v["latency_ns"]["p50"]),
+            us(&v["latency_ns"]["p99"]),
+            v["requests_per_sec"].as_f64().unwrap_or(0.0),
+            us(&v["cpu_ns_per_request"]["client"]),
+            us(&v["cpu_ns_per_request"]["server"]),
+            us(&v["cpu_ns_per_request"]["daemons"]),
+        )
+    };
+    println!(
+        "rpc {} over {}, {} B, concurrency {}, wait {}:",
+        a.mode, a.stack, a.size, a.concurrency, a.wait
+    );
+    line(&format!("uniplane ({})", a.mode), &r);
+    line("tonic/TCP, split runtimes", &r["peer"]["split"]);
+    line("tonic/TCP, one shared runtime", &r["peer"]["shared"]);
+    println!(
+        "  ratios against the faster tonic/TCP: p50 {:.2}x (vs {}), req/s {:.2}x (vs {})",
+        r["p50_ratio"].as_f64().unwrap_or(0.0),
+        r["peer"]["best_p50_from"].as_str().unwrap_or("-"),
+        r["rps_ratio"].as_f64().unwrap_or(0.0),
+        r["peer"]["best_rps_from"].as_str().unwrap_or("-"),
+    );
+    let params = json!({ "mode": a.mode, "stack": a.stack, "concurrency": a.concurrency, "size": a.size, "seconds": a.seconds, "wait": a.wait });
+    emit(cli.json, &Report::new("rpc", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1209,6 +1295,7 @@ fn main() -> ExitCode {
         Command::Share(a) => share(&cli, a),
         Command::Path(a) => path(&cli, a),
         Command::Tunnel(a) => tunnel(&cli, a),
+        Command::Rpc(a) => rpc(&cli, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

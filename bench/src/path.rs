@@ -379,7 +379,7 @@ fn measure_one_way(dir: &Path, cfg: &PathConfig, seconds: f64) -> Result<(u64, f
                             first.get_or_insert(now);
                             last = now;
                             n += 1;
-                            if n % 1024 == 0 {
+                            if n.is_multiple_of(1024) {
                                 received2.store(n, Ordering::Relaxed);
                             }
                         }

@@ -198,7 +198,7 @@ pub fn hex(bytes: &[u8]) -> String {
 /// Bytes from hexadecimal; `None` for odd lengths or other characters.
 pub fn unhex(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();
-    if t.len() % 2 != 0 {
+    if !t.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);

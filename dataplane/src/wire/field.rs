@@ -115,7 +115,7 @@ pub const fn byte_range(fields: &[FieldSpec], index: usize) -> Range<usize> {
         start += fields[i].bits;
         i += 1;
     }
-    assert!(start % 8 == 0 && fields[index].bits % 8 == 0);
+    assert!(start % 8 == 0 && fields[index].bits.is_multiple_of(8));
     let start = (start / 8) as usize;
     start..start + (fields[index].bits / 8) as usize
 }

@@ -444,7 +444,7 @@ impl DmaEngine {
             return Err(DmaStatus::BadLength);
         }
         let align = self.limits.align as u64;
-        if d.src % align != 0 || d.dst % align != 0 {
+        if !d.src.is_multiple_of(align) || !d.dst.is_multiple_of(align) {
             return Err(DmaStatus::Misaligned);
         }
         let src = self.bus.resolve(d.src, len).ok_or(DmaStatus::OutOfRange)?;
@@ -917,10 +917,10 @@ impl DmaDriver {
             align: l.align,
             word_bytes: l.word_bytes,
         };
-        if len % l.word_bytes != 0
-            || src % l.align as u64 != 0
-            || dst % l.align as u64 != 0
-            || l.max_bytes % l.align != 0
+        if !len.is_multiple_of(l.word_bytes)
+            || !src.is_multiple_of(l.align as u64)
+            || !dst.is_multiple_of(l.align as u64)
+            || !l.max_bytes.is_multiple_of(l.align)
         {
             return Err(unaligned);
         }

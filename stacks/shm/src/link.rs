@@ -606,7 +606,8 @@ impl ShmLink {
     /// otherwise ask the socket at every empty poll.
     fn busy_peer_gone(&mut self, cx: &mut Context<'_>) -> bool {
         self.busy_polls = self.busy_polls.wrapping_add(1);
-        self.peer_gone || (self.busy_polls % BUSY_LIVENESS_EVERY == 0 && self.poll_peer_gone(cx))
+        self.peer_gone
+            || (self.busy_polls.is_multiple_of(BUSY_LIVENESS_EVERY) && self.poll_peer_gone(cx))
     }
 
     /// `Ready(Ok(true))` when records are published, `Ready(Ok(false))` when

@@ -117,7 +117,8 @@ impl MailboxRegion {
     /// A region of `count` mailboxes whose slots are `slot_bytes` long (a
     /// multiple of 128, at least 128).
     pub fn create(count: usize, slot_bytes: usize) -> Result<MailboxRegion, MailboxError> {
-        if count == 0 || slot_bytes < 128 || slot_bytes % 128 != 0 || slot_bytes > 1 << 20 {
+        if count == 0 || slot_bytes < 128 || !slot_bytes.is_multiple_of(128) || slot_bytes > 1 << 20
+        {
             return Err(MailboxError::Corrupt(
                 "mailbox count or slot size out of range",
             ));
@@ -293,7 +294,7 @@ fn wait_until(
             return Ok(v);
         }
         spins = spins.wrapping_add(1);
-        if spins % 256 != 0 {
+        if !spins.is_multiple_of(256) {
             std::hint::spin_loop();
             continue;
         }

@@ -71,8 +71,8 @@ impl RingLayout {
     pub fn fits(&self, mem: &SharedMemory) -> bool {
         self.size.is_power_of_two()
             && self.size >= 64
-            && self.control % 128 == 0
-            && self.data % 8 == 0
+            && self.control.is_multiple_of(128)
+            && self.data.is_multiple_of(8)
             && mem.contains(self.control, CONTROL_BYTES)
             && mem.contains(self.data, self.size)
     }

@@ -145,7 +145,7 @@ impl SharedMemory {
     /// 8-byte aligned.
     #[inline]
     pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
-        if offset % 8 != 0 || !self.contains(offset, 8) {
+        if !offset.is_multiple_of(8) || !self.contains(offset, 8) {
             return None;
         }
         // SAFETY: in bounds and aligned (the mapping is page-aligned); the
@@ -158,7 +158,7 @@ impl SharedMemory {
     /// 4-byte aligned.
     #[inline]
     pub fn atomic_u32(&self, offset: usize) -> Option<&AtomicU32> {
-        if offset % 4 != 0 || !self.contains(offset, 4) {
+        if !offset.is_multiple_of(4) || !self.contains(offset, 4) {
             return None;
         }
         // SAFETY: as in `atomic_u64`.

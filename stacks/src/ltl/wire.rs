@@ -190,7 +190,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
         }
         let ok = match kind {
             Kind::Data => length > 0,
-            Kind::Nack => length > 0 && length % SACK_LEN == 0 && length <= MAX_SACK_BYTES,
+            Kind::Nack => length > 0 && length.is_multiple_of(SACK_LEN) && length <= MAX_SACK_BYTES,
             _ => length == 0,
         };
         if !ok {
