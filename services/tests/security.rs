@@ -481,12 +481,12 @@ async fn finding4_attach_close_cycles_leave_nothing_behind() {
     .await;
     // The plane settles to exactly the core's picture: the daemon, the
     // echo device and nothing of the 1,000 clients.
+    // (A port of the last client may still be on its way out at first.)
     until("the plane settles", Duration::from_secs(10), || async {
-        daemon.installed().await == daemon.picture().await
+        let installed = daemon.installed().await;
+        installed == daemon.picture().await && installed.is_some_and(|i| i.ports.len() == 2)
     })
     .await;
-    let image = daemon.installed().await.unwrap();
-    assert_eq!(image.ports.len(), 2, "{image:?}");
     daemon.shutdown();
 }
 
