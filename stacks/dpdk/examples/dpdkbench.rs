@@ -62,7 +62,7 @@ fn ours(dev: &mut DpdkDevice, secs: f64) -> f64 {
         });
         sent += tx.flush().expect("flush") as u64;
         turns += 1;
-        if turns % 1024 == 0 && start.elapsed().as_secs_f64() >= secs {
+        if turns.is_multiple_of(1024) && start.elapsed().as_secs_f64() >= secs {
             break;
         }
     }
