@@ -193,6 +193,10 @@ pub struct Pump {
     buf: Vec<Message>,
     pending: VecDeque<Message>,
     ended: bool,
+    /// The destination took messages and has not said they are flushed:
+    /// its flush is polled again until it has, even when nothing new
+    /// comes (a link may hold what it took until then).
+    unflushed: bool,
 }
 
 impl Pump {
@@ -219,12 +223,26 @@ impl Pump {
             if let Poll::Ready(r) = to.poll_send_batch(cx, &mut self.pending) {
                 r?;
             }
-            progress |= self.pending.len() < before;
-            if let Poll::Ready(r) = Pin::new(&mut *to).poll_flush(cx) {
-                r?;
+            let moved = self.pending.len() < before;
+            progress |= moved;
+            self.unflushed |= moved;
+        }
+        if self.unflushed {
+            match Pin::new(&mut *to).poll_flush(cx) {
+                Poll::Ready(Ok(())) => {
+                    self.unflushed = false;
+                    progress = true;
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
             }
         }
         Ok(progress)
+    }
+
+    /// Whether everything the destination took is flushed.
+    pub fn flushed(&self) -> bool {
+        !self.unflushed
     }
 
     /// Whether the source's stream ended.

@@ -42,7 +42,7 @@ pub(super) async fn bridge(mut link: BoxLink, mut ring: RingLink, stall: Duratio
         if out.ended() || inn.ended() {
             return Poll::Ready(Ok(()));
         }
-        if moved_out || out.owed() == 0 {
+        if moved_out || (out.owed() == 0 && out.flushed()) {
             timer = None;
         } else {
             let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
