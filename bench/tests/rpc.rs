@@ -4,25 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
-
-/// The `uniplaned` built next to the benchmark, when there is one.
-fn uniplaned() -> Option<PathBuf> {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_uniplane-bench"));
-    let daemon = bench.parent()?.join("uniplaned");
-    if daemon.exists() {
-        return Some(daemon);
-    }
-    assert!(
-        std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_none(),
-        "no uniplaned beside {}: run the workspace's tests (cargo test --workspace) or build it first",
-        bench.display()
-    );
-    eprintln!("skipped: no uniplaned built beside the benchmark");
-    None
-}
 
 fn run(mode: &str, stack: &str) {
     let Some(daemon) = uniplaned() else { return };

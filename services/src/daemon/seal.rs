@@ -21,6 +21,8 @@ pub(super) struct SealedLink {
     /// (at most one batch).
     outgoing: VecDeque<Message>,
     incoming: Vec<Message>,
+    /// Scratch for `poll_next`'s one message.
+    ready: Vec<Message>,
 }
 
 impl SealedLink {
@@ -31,6 +33,7 @@ impl SealedLink {
             counters: shared,
             outgoing: VecDeque::new(),
             incoming: Vec::new(),
+            ready: Vec::with_capacity(1),
         }
     }
 
@@ -46,11 +49,17 @@ impl SealedLink {
 impl Stream for SealedLink {
     type Item = Result<Message, LinkError>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let mut one = Vec::with_capacity(1);
-        match self.as_mut().get_mut().poll_recv_batch(cx, &mut one, 1) {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        // `ready` is empty between calls; reusing it spares an
+        // allocation per message.
+        let this = self.get_mut();
+        let mut one = std::mem::take(&mut this.ready);
+        let polled = this.poll_recv_batch(cx, &mut one, 1);
+        let m = one.pop();
+        this.ready = one;
+        match polled {
             Poll::Ready(Ok(0)) => Poll::Ready(None),
-            Poll::Ready(Ok(_)) => Poll::Ready(one.pop().map(Ok)),
+            Poll::Ready(Ok(_)) => Poll::Ready(m.map(Ok)),
             Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
             Poll::Pending => Poll::Pending,
         }
