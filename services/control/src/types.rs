@@ -291,6 +291,19 @@ pub enum Event {
         /// The driver's name for it.
         tunnel: TunnelId,
     },
+    /// The operator changed the access rules (a reload of the
+    /// configuration): they apply to every later request and to the
+    /// plane's connectionless entries at once, and every open connection
+    /// they would no longer admit is closed (`Denied`, both ends told).
+    Rules {
+        /// Access rules, first match wins.
+        rules: Vec<crate::config::AccessRule>,
+        /// What happens when no rule matches.
+        default_action: crate::config::DefaultAction,
+    },
+    /// The daemon is stopping: every connection is closed, its local
+    /// processes and its peer told (`Closed`), before it goes.
+    Shutdown,
 }
 
 /// Whether a notice announces a connection or its end.

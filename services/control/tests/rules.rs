@@ -385,3 +385,64 @@ fn answers_pass_only_where_their_request_could_have() {
     // Local to local, as before.
     assert!(acl.check(&header(ReqType::WriteCmpl, local, echo)).is_ok());
 }
+
+#[test]
+fn new_rules_close_the_connections_they_deny_and_refuse_new_ones() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    let other = h.attach(3, "other");
+    h.listen(A, 80);
+    let denied = connected(h.connect(B, server, 80));
+    let kept = connected(h.connect(3, server, 80));
+    h.notices();
+    // The operator reloads: the client may no longer reach the server.
+    let rule = AccessRule {
+        src: UidMatch {
+            key: client,
+            mask: uniplane_dataplane::Uid::MASK,
+        },
+        dst: UidMatch::ANY,
+        types: Some(vec![ReqType::Connect]),
+        allow: false,
+    };
+    h.event(Event::Rules {
+        rules: vec![rule],
+        default_action: DefaultAction::Allow,
+    });
+    let mut notices = h.notices();
+    notices.sort_by_key(|n| n.0);
+    let mut want = vec![
+        (client, ReqType::Notify, denied, Status::Denied),
+        (server, ReqType::Notify, denied.reversed(), Status::Denied),
+    ];
+    want.sort_by_key(|n| n.0);
+    assert_eq!(notices, want);
+    let left: Vec<ConnKey> = h.core.connections().map(|c| c.key).collect();
+    assert_eq!(left, vec![kept], "only the denied connection went");
+    assert_eq!(kept.src, other);
+    let again = h.connect(B, server, 80);
+    assert_eq!(again.unwrap_err().kind(), "denied");
+    h.check();
+}
+
+#[test]
+fn a_shutdown_closes_every_connection_and_tells_its_ends() {
+    let mut h = Harness::new(config());
+    let server = h.attach(A, "server");
+    let client = h.attach(B, "client");
+    h.listen(A, 80);
+    let key = connected(h.connect(B, server, 80));
+    h.notices();
+    h.event(Event::Shutdown);
+    let mut notices = h.notices();
+    notices.sort_by_key(|n| n.0);
+    let mut want = vec![
+        (client, ReqType::Notify, key, Status::Closed),
+        (server, ReqType::Notify, key.reversed(), Status::Closed),
+    ];
+    want.sort_by_key(|n| n.0);
+    assert_eq!(notices, want);
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}

@@ -193,6 +193,41 @@ impl Control {
         self.sync(then);
     }
 
+    /// New access rules: later requests and the plane's connectionless
+    /// entries follow them; open connections they would not admit close.
+    pub(super) fn set_rules(
+        &mut self,
+        rules: Vec<crate::config::AccessRule>,
+        default_action: crate::config::DefaultAction,
+    ) {
+        self.config.rules = rules;
+        self.config.default_action = default_action;
+        self.connectionless = super::picture::connectionless_rules(&self.config);
+        let mut revoked: Vec<ConnKey> = self
+            .connections
+            .keys()
+            .filter(|k| !self.config.allows(k.src, k.dst, ReqType::Connect))
+            .copied()
+            .collect();
+        revoked.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
+        for key in revoked {
+            tracing::info!(?key, "connection closed: the new access rules deny it");
+            self.drop_connection(key, Status::Denied, true);
+        }
+        self.sync(Then::nothing());
+    }
+
+    /// Closes every connection, telling local processes and peers, before
+    /// the daemon stops.
+    pub(super) fn shut_down(&mut self) {
+        let mut all: Vec<ConnKey> = self.connections.keys().copied().collect();
+        all.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
+        for key in all {
+            self.drop_connection(key, Status::Closed, true);
+        }
+        self.sync(Then::nothing());
+    }
+
     /// Removes a connection from the state and tells its local process
     /// ends (and, when `tell_peer`, its peer) that it is gone.
     pub(super) fn drop_connection(&mut self, key: ConnKey, status: Status, tell_peer: bool) {

@@ -527,6 +527,11 @@ impl Control {
             } => self.peer_verdict(server, conn, verdict),
             Event::TunnelOpened { server, class } => self.tunnel_opened(server, class),
             Event::TunnelFailed { server, class } => self.tunnel_failed(server, class),
+            Event::Rules {
+                rules,
+                default_action,
+            } => self.set_rules(rules, default_action),
+            Event::Shutdown => self.shut_down(),
             Event::InboundTunnel {
                 tunnel,
                 from,
