@@ -296,7 +296,7 @@ pub enum EngineMode {
 }
 
 /// A validated configuration.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// This server's ID.
     pub server: Ipv4Addr,
@@ -347,6 +347,62 @@ pub struct Config {
 }
 
 impl Config {
+    /// What differs between `self` (running) and `new` that only a
+    /// restart can change, as the configuration's section or key names;
+    /// empty when `new` changes nothing but what a reload applies live:
+    /// the access rules (`[policy]`).
+    pub fn needs_restart_for(&self, new: &Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        let mut check = |differs: bool, name: &'static str| {
+            if differs && !changed.contains(&name) {
+                changed.push(name);
+            }
+        };
+        check(self.server != new.server, "server.id");
+        check(self.name != new.name, "server.name");
+        check(self.peer_listen != new.peer_listen, "server.peer_listen");
+        check(self.runtime_dir != new.runtime_dir, "runtime");
+        check(self.metrics != new.metrics, "metrics");
+        check(
+            (
+                self.max_ports,
+                self.ring_depth,
+                self.voq_depth,
+                self.table_capacity,
+                self.mode,
+            ) != (
+                new.max_ports,
+                new.ring_depth,
+                new.voq_depth,
+                new.table_capacity,
+                new.mode,
+            ),
+            "engine",
+        );
+        check(self.plane != new.plane, "plane");
+        check(self.stacks != new.stacks, "stacks");
+        check(self.devices != new.devices, "devices");
+        check(self.peers != new.peers, "peers");
+        check(self.routes != new.routes, "routes");
+        check(
+            (self.heartbeat, self.misses) != (new.heartbeat, new.misses),
+            "failure",
+        );
+        check(self.secret != new.secret, "cluster.secret");
+        check(self.limits != new.limits, "limits");
+        // Everything but the access rules: a field added to Config and not
+        // named above still refuses the reload rather than being ignored.
+        let live = Config {
+            rules: self.rules.clone(),
+            default_action: self.default_action,
+            ..new.clone()
+        };
+        if changed.is_empty() && live != *self {
+            changed.push("other settings");
+        }
+        changed
+    }
+
     /// The embedded default: one server on loopback stacks with an echo
     /// device. Stacks this build lacks are left out.
     pub fn embedded() -> Result<Config, ConfigError> {

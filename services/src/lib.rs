@@ -15,5 +15,5 @@ pub mod plane;
 pub mod seal;
 
 pub use config::Config;
-pub use daemon::{Daemon, DaemonError};
+pub use daemon::{Daemon, DaemonError, ReloadError};
 pub use plane::{open_plane, PlaneKind};

@@ -70,3 +70,59 @@ fn the_printed_default_configuration_passes_the_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The packaged unit's command lines, with the packaged configuration,
+/// are ones this build accepts: the unit names flags that exist, in a
+/// form that parses, and the configuration it points at passes.
+#[test]
+fn the_packaged_unit_and_configuration_are_accepted() {
+    let packaging = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging");
+    let config = packaging.join("uniplaned.toml");
+    let out = check(&config);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unit = std::fs::read_to_string(packaging.join("uniplaned.service")).unwrap();
+    let line = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in the unit"))
+            .to_string()
+    };
+    assert_eq!(
+        line("Type="),
+        "notify",
+        "readiness is told on NOTIFY_SOCKET"
+    );
+    assert!(line("ExecReload=").contains("-HUP"), "reload is SIGHUP");
+    for key in ["ExecStartPre=", "ExecStart="] {
+        let words: Vec<String> = line(key).split_whitespace().map(String::from).collect();
+        assert_eq!(words[0], "/usr/bin/uniplaned", "{key}");
+        let args: Vec<String> = words[1..]
+            .iter()
+            .map(|w| {
+                if w == "/etc/uniplane/uniplaned.toml" {
+                    config.display().to_string()
+                } else {
+                    w.clone()
+                }
+            })
+            .collect();
+        // Checked, not started: the same flags with --check.
+        let mut checked = args.clone();
+        if !checked.iter().any(|a| a == "--check") {
+            checked.push("--check".into());
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_uniplaned"))
+            .args(&checked)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{key} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

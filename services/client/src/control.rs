@@ -9,7 +9,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 
 use crate::protocol::{Answer, Attached, Request};
-use crate::runtime::{check_runtime_dir, runtime_dir, RuntimeDirError, CONTROL_SOCKET};
+use crate::runtime::{check_runtime_dir, client_runtime_dir, RuntimeDirError, CONTROL_SOCKET};
 use crate::{ClientError, Session};
 
 /// The control socket, shared by a [`Client`] and the background task of
@@ -112,9 +112,9 @@ pub struct Client {
 
 impl Client {
     /// Connects to the daemon of the default runtime directory (see
-    /// [`runtime_dir`]).
+    /// [`client_runtime_dir`]).
     pub async fn connect_default() -> Result<Client, ClientError> {
-        Client::connect(&runtime_dir(None)).await
+        Client::connect(&client_runtime_dir()).await
     }
 
     /// Connects to the daemon whose sockets are in `runtime`, unless

@@ -73,8 +73,8 @@ pub use connection::{Connection, Listener};
 pub use control::{Client, DataPathOptions, Wait};
 pub use error::ClientError;
 pub use runtime::{
-    check_runtime_dir, prepare_runtime_dir, runtime_dir, RuntimeDirError, CONTROL_SOCKET,
-    DATA_SOCKET,
+    check_runtime_dir, client_runtime_dir, prepare_runtime_dir, runtime_dir, RuntimeDirError,
+    CONTROL_SOCKET, DATA_SOCKET, SYSTEM_RUNTIME_DIR,
 };
 pub use session::Session;
 pub use window::Window;

@@ -44,6 +44,25 @@ pub fn runtime_dir(configured: Option<&Path>) -> PathBuf {
     PathBuf::from(format!("/tmp/uniplane-{uid}"))
 }
 
+/// Where the packaged system service (`uniplaned.service`) keeps its
+/// sockets.
+pub const SYSTEM_RUNTIME_DIR: &str = "/run/uniplane";
+
+/// The runtime directory a client looks in when told none:
+/// `$UNIPLANE_RUNTIME_DIR` when set; else the system service's
+/// ([`SYSTEM_RUNTIME_DIR`]) when its control socket is there; else the
+/// user's own, as [`runtime_dir`] finds it. (The daemon never picks the
+/// system service's by itself: a second daemon must not take it over.)
+pub fn client_runtime_dir() -> PathBuf {
+    if std::env::var_os("UNIPLANE_RUNTIME_DIR").is_none() {
+        let system = Path::new(SYSTEM_RUNTIME_DIR);
+        if system.join(CONTROL_SOCKET).exists() {
+            return system.to_owned();
+        }
+    }
+    runtime_dir(None)
+}
+
 /// Why a runtime directory is not used.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeDirError {

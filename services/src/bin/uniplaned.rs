@@ -4,9 +4,18 @@
 //! server, loopback stacks, an echo device); `--config FILE` runs a real
 //! deployment. `--plane engine|rtl` picks the forwarding plane (the
 //! file's `plane = ` otherwise; the engine by default). Logs go to stderr
-//! (`RUST_LOG` filters them).
+//! (`RUST_LOG` filters them; colour only on a terminal; `--log-format
+//! json` for log collectors).
+//!
+//! Under systemd (`Type=notify`, the unit in `packaging/`) it says
+//! `READY=1` once its sockets answer; SIGHUP re-reads `--config` and
+//! applies the access rules live (anything else that changed is refused
+//! and named in the log); SIGTERM or Ctrl-C closes every connection with
+//! a notice to its processes and peers, then exits.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use uniplane_services::config::{Config, DEFAULT_CONFIG};
@@ -29,6 +38,27 @@ struct Args {
     /// Print the embedded default configuration and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one
+    /// object per line, for log collectors).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// How long a stopping daemon waits for its close notices to leave.
+const STOP_WITHIN: Duration = Duration::from_secs(2);
+
+/// Tells the service manager (systemd's `NOTIFY_SOCKET`), when there is
+/// one, how the daemon stands; nothing otherwise.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::warn!("telling the service manager: {e}");
+    }
 }
 
 fn parse_plane(s: &str) -> Result<PlaneKind, String> {
@@ -45,13 +75,15 @@ fn main() -> std::process::ExitCode {
         print!("{DEFAULT_CONFIG}");
         return std::process::ExitCode::SUCCESS;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let config = match &args.config {
         Some(path) => Config::load(path),
         None => Config::embedded(),
@@ -101,19 +133,57 @@ fn main() -> std::process::ExitCode {
             daemon.server(),
             daemon.runtime_dir().display()
         );
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (mut term, mut hup) = match (signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+            (Ok(t), Ok(h)) => (t, h),
+            (Err(e), _) | (_, Err(e)) => {
                 eprintln!("uniplaned: {e}");
                 return std::process::ExitCode::FAILURE;
             }
         };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        notify(&[sd_notify::NotifyState::Ready]);
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => {
+                    notify(&[sd_notify::NotifyState::Reloading]);
+                    reload(&daemon, args.config.as_deref(), args.plane).await;
+                    notify(&[sd_notify::NotifyState::Ready]);
+                }
+            }
         }
-        daemon.shutdown();
+        notify(&[sd_notify::NotifyState::Stopping]);
+        daemon.stop(STOP_WITHIN).await;
         eprintln!("uniplaned: stopped");
         std::process::ExitCode::SUCCESS
     })
+}
+
+/// Re-reads the configuration file and applies what may change live; a
+/// file that does not parse, or that changes more, leaves all as it was.
+async fn reload(daemon: &Daemon, path: Option<&std::path::Path>, plane: Option<PlaneKind>) {
+    let Some(path) = path else {
+        tracing::warn!("reload: running on the embedded default, no file to re-read");
+        return;
+    };
+    let mut new = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("reload refused, nothing changed: {e}");
+            return;
+        }
+    };
+    // `--plane` on the command line still holds.
+    if let Some(plane) = plane {
+        new.plane = plane;
+    }
+    match daemon.reload(&new).await {
+        Ok(()) => tracing::info!(
+            rules = new.rules.len(),
+            file = %path.display(),
+            "reloaded: access rules applied"
+        ),
+        Err(e) => tracing::error!(file = %path.display(), "reload refused: {e}"),
+    }
 }

@@ -427,3 +427,23 @@ fn every_field_of_limits_is_configurable() {
         );
     }
 }
+
+#[test]
+fn a_reload_may_change_the_access_rules_and_nothing_else() {
+    let base = "[server]\nid = \"10.0.0.1\"\n[policy]\ndefault = \"allow\"\n";
+    let running = Config::parse(base, "a.toml").unwrap();
+    let rules =
+        format!("{base}[[policy.rules]]\nsrc = \"10.0.0.2:*\"\ndst = \"*\"\naction = \"deny\"\n");
+    let new = Config::parse(&rules.replace("\"allow\"", "\"deny\""), "a.toml").unwrap();
+    assert!(running.needs_restart_for(&new).is_empty());
+    assert!(running.needs_restart_for(&running).is_empty());
+    let moved = Config::parse(&base.replace("10.0.0.1", "10.0.0.9"), "a.toml").unwrap();
+    assert_eq!(running.needs_restart_for(&moved), vec!["server.id"]);
+    let both = format!("{rules}[[devices]]\nname = \"echo\"\nkind = \"echo\"\n")
+        .replace("10.0.0.1\"\n[policy]", "10.0.0.9\"\n[policy]");
+    let both = Config::parse(&both, "a.toml").unwrap();
+    assert_eq!(
+        running.needs_restart_for(&both),
+        vec!["server.id", "devices"]
+    );
+}

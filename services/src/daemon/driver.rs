@@ -137,6 +137,19 @@ impl Driver {
         }
     }
 
+    /// Whether every notice to a process and every message to a peer
+    /// handed out so far has left the driver's queues.
+    pub(super) fn notices_drained(&self) -> bool {
+        let empty = |max: usize, now: usize| max == now;
+        self.notices
+            .as_ref()
+            .is_none_or(|n| empty(n.max_capacity(), n.capacity()))
+            && self
+                .peer_tx
+                .values()
+                .all(|p| empty(p.max_capacity(), p.capacity()))
+    }
+
     fn event(&mut self, e: Event) {
         let now = self.now();
         self.core.handle(e, now);
@@ -224,6 +237,7 @@ impl Driver {
                 self.event(Event::PlaneDone { batch, results });
             }
             Input::Inspect(f) => f(self),
+            Input::Operator(e) => self.event(e),
         }
     }
 

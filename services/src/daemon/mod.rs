@@ -41,6 +41,14 @@ use crate::config::{Config, DeviceKind};
 use crate::control::PeerRequest;
 pub use uniplane_overlay::PlaneHandle;
 
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new configuration changes what only a restart can.
+    #[error("these change only at a restart: {}; nothing was applied", .0.join(", "))]
+    NeedsRestart(Vec<&'static str>),
+}
+
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -133,6 +141,8 @@ enum Input {
     BridgeEnded { port: uniplane_overlay::PortId },
     /// A look at the driver's state (listings, metrics).
     Inspect(Box<dyn FnOnce(&driver::Driver) + Send>),
+    /// An event for the core from the operator (a reload, a stop).
+    Operator(uniplane_control::Event),
 }
 
 /// What a client request came to; `token` opens the data path of a
@@ -267,6 +277,51 @@ impl Daemon {
     pub fn shutdown(&self) {
         let _ = std::fs::remove_file(self.shared.runtime.join(CONTROL_SOCKET));
         let _ = std::fs::remove_file(self.shared.runtime.join(DATA_SOCKET));
+    }
+
+    /// Applies a reloaded configuration: the access rules change live
+    /// (later requests and the plane's connectionless entries follow
+    /// them; open connections they deny are closed with `Denied`, both
+    /// ends told). Anything else that differs is refused, named, and
+    /// nothing changes.
+    pub async fn reload(&self, new: &Config) -> Result<(), ReloadError> {
+        let changed = self.shared.config.needs_restart_for(new);
+        if !changed.is_empty() {
+            return Err(ReloadError::NeedsRestart(changed));
+        }
+        let core = control_config(new, &self.shared.stacks);
+        self.shared
+            .input(Input::Operator(uniplane_control::Event::Rules {
+                rules: core.rules,
+                default_action: core.default_action,
+            }))
+            .await;
+        // Inputs are taken in order: once this look is answered, the
+        // rules are in the core and its plane batch is under way.
+        self.shared.inspect(|_| ()).await;
+        Ok(())
+    }
+
+    /// Stops gracefully: every connection is closed and its local
+    /// processes and peers told, and the notices leave (waiting at most
+    /// `within` for them), before the sockets go ([`Daemon::shutdown`]).
+    pub async fn stop(&self, within: Duration) {
+        self.shared
+            .input(Input::Operator(uniplane_control::Event::Shutdown))
+            .await;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let drained = self
+                .shared
+                .inspect(|d| d.notices_drained())
+                .await
+                .unwrap_or(true);
+            if drained || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.shutdown();
     }
 
     /// The UID of the daemon itself.
