@@ -73,3 +73,17 @@ echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepage
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
 cargo test -p uniplane-dpdk --features dpdk
+echo "==> the Debian package: build it, unpack it, run what it installs"
+deb=$(scripts/package.sh | tail -n 1)
+pkgroot=$(mktemp -d)
+trap 'rm -rf "$pkgroot"' EXIT
+dpkg -x "$deb" "$pkgroot"
+"$pkgroot/usr/bin/uniplane" --version
+"$pkgroot/usr/bin/uniplane-bench" --version
+"$pkgroot/usr/bin/uniplaned" --check --config "$pkgroot/etc/uniplane/uniplaned.toml"
+for f in lib/systemd/system/uniplaned.service usr/share/man/man8/uniplaned.8 \
+  usr/share/man/man1/uniplane.1 usr/share/man/man1/uniplane-bench.1 \
+  usr/share/bash-completion/completions/uniplane; do
+  test -s "$pkgroot/$f" || { echo "the package lacks $f" >&2; exit 1; }
+done
+dpkg-deb --field "$deb" Package Version Depends

@@ -71,6 +71,13 @@ enum Command {
     /// Unary RPC of one Echo service through uniplane (native frames or
     /// tonic over the byte-stream adapter) beside tonic over TCP loopback.
     Rpc(RpcArgs),
+    /// Writes this command's manual pages and shell completions into DIR
+    /// (for packaging).
+    #[command(hide = true)]
+    GenerateManual {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -1296,6 +1303,11 @@ fn main() -> ExitCode {
         Command::Path(a) => path(&cli, a),
         Command::Tunnel(a) => tunnel(&cli, a),
         Command::Rpc(a) => rpc(&cli, a),
+        Command::GenerateManual { dir } => {
+            use clap::CommandFactory;
+            uniplane_services::manual::write(Cli::command(), "1", dir)
+                .map_err(|e| BenchError::Config(format!("writing the manual: {e}")))
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

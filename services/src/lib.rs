@@ -11,6 +11,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod devices;
+pub mod manual;
 pub mod plane;
 pub mod seal;
 

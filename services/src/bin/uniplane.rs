@@ -1,8 +1,9 @@
 //! `uniplane`: the operator's command line for a running `uniplaned`.
 //!
 //! Human tables by default, one JSON document with `--json`. The daemon is
-//! found through `UNIPLANE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/uniplane`,
-//! else `/tmp/uniplane-$UID`.
+//! found through `UNIPLANE_RUNTIME_DIR`, else the system service's
+//! `/run/uniplane` when its socket is there, else
+//! `$XDG_RUNTIME_DIR/uniplane`, else `/tmp/uniplane-$UID`.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use uniplane_dataplane::{Endpoint, MemoryAddress};
 
 /// Operate a uniplane host daemon.
 #[derive(Parser)]
-#[command(name = "uniplane", version, about)]
+#[command(name = "uniplane", version)]
 struct Args {
     /// Print one JSON document instead of tables.
     #[arg(long, global = true)]
@@ -28,6 +29,13 @@ struct Args {
 enum Command {
     /// The daemon's identity, stacks and peers.
     Status,
+    /// Writes this command's manual pages and shell completions into DIR
+    /// (for packaging).
+    #[command(hide = true)]
+    GenerateManual {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
     /// Local resources and their device IDs.
     Resources,
     /// The interconnection table and routes.
@@ -144,6 +152,15 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: &Args) -> Result<(), ClientError> {
+    if let Command::GenerateManual { dir } = &args.command {
+        use clap::CommandFactory;
+        return uniplane_services::manual::write(Args::command(), "1", dir).map_err(|e| {
+            ClientError::Daemon {
+                kind: "manual".into(),
+                message: e.to_string(),
+            }
+        });
+    }
     if let Command::Cluster {
         what: ClusterCommand::Keygen { file },
     } = &args.command
@@ -168,7 +185,9 @@ async fn run(args: &Args) -> Result<(), ClientError> {
         Command::Connections => Request::Connections,
         Command::Tables { device } => Request::Tables { device: *device },
         Command::Stats => Request::Stats,
-        Command::Cluster { .. } => unreachable!("answered above, without the daemon"),
+        Command::Cluster { .. } | Command::GenerateManual { .. } => {
+            unreachable!("answered above, without the daemon")
+        }
         Command::Plane {
             what: PlaneCommand::Dump,
         } => {

@@ -23,7 +23,7 @@ use uniplane_services::{Daemon, PlaneKind};
 
 /// The uniplane host daemon.
 #[derive(Parser)]
-#[command(name = "uniplaned", version, about)]
+#[command(name = "uniplaned", version)]
 struct Args {
     /// Configuration file (TOML); without it the embedded default is used.
     #[arg(long, short)]
@@ -42,6 +42,10 @@ struct Args {
     /// object per line, for log collectors).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Write the manual page and shell completions into DIR and exit
+    /// (for packaging).
+    #[arg(long, hide = true, value_name = "DIR")]
+    generate_manual: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -74,6 +78,16 @@ fn main() -> std::process::ExitCode {
     if args.print_default_config {
         print!("{DEFAULT_CONFIG}");
         return std::process::ExitCode::SUCCESS;
+    }
+    if let Some(dir) = &args.generate_manual {
+        use clap::CommandFactory;
+        return match uniplane_services::manual::write(Args::command(), "8", dir) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("uniplaned: writing the manual into {}: {e}", dir.display());
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
