@@ -71,6 +71,40 @@ enum Command {
     /// Unary RPC of one Echo service through uniplane (native frames or
     /// tonic over the byte-stream adapter) beside tonic over TCP loopback.
     Rpc(RpcArgs),
+    /// OSU-style latency of one collective through uniplane-collectives
+    /// beside OpenMPI and MPICH, same sizes and rank counts.
+    Collectives(CollectivesArgs),
+}
+
+#[derive(Args)]
+struct CollectivesArgs {
+    /// The collective (int32 sums for reductions).
+    #[arg(long, default_value = "allreduce", value_parser = ["allreduce", "bcast", "reduce", "allgather", "alltoall", "barrier"])]
+    op: String,
+    /// Ranks.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=16))]
+    ranks: u32,
+    /// Bytes per rank (per block for allgather/alltoall): `8..4M` doubles.
+    #[arg(long, default_value = "8..4M")]
+    sizes: String,
+    /// Timed calls per size (0: by size, 1000 to 40).
+    #[arg(long, default_value_t = 0)]
+    iterations: usize,
+    /// Only shm (one daemon) is implemented.
+    #[arg(long, default_value = "shm", value_parser = ["shm"])]
+    stack: String,
+    /// busy: sessions and engine poll (as MPI does); park: spin 50 µs, then park.
+    #[arg(long, default_value = "busy", value_parser = ["busy", "park"])]
+    wait: String,
+    /// Eager threshold of the uniplane side in bytes (default 64 KiB).
+    #[arg(long)]
+    eager: Option<usize>,
+    /// Skip OpenMPI and MPICH.
+    #[arg(long)]
+    no_mpi: bool,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1281,6 +1315,56 @@ fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("rpc", params, r))
 }
 
+fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
+    use uniplane_bench::collectives::{run_collectives, CollConfig, CollOp};
+    use uniplane_bench::path::WaitMode;
+    let sizes = uniplane_bench::collectives::parse_sizes(&a.sizes)
+        .map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
+    let cfg = CollConfig {
+        op: CollOp::parse(&a.op).unwrap_or(CollOp::Allreduce),
+        ranks: a.ranks as usize,
+        sizes: sizes.clone(),
+        iterations: a.iterations,
+        wait: if a.wait == "park" {
+            WaitMode::Park
+        } else {
+            WaitMode::Busy
+        },
+        uniplaned: a.uniplaned.clone(),
+        mpi: !a.no_mpi,
+        eager_threshold: a.eager,
+    };
+    let r = run_collectives(&cfg)?;
+    let us = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
+    println!(
+        "{} with {} ranks over {}, wait {} (avg µs over ranks; CPU µs per op, all ranks):",
+        a.op, a.ranks, a.stack, a.wait
+    );
+    println!(
+        "  {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "size", "uniplane", "OpenMPI", "MPICH", "cpu:ours", "cpu:ompi", "cpu:mpich"
+    );
+    for p in r["points"].as_array().into_iter().flatten() {
+        println!(
+            "  {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            p["size"].as_u64().unwrap_or(0),
+            us(&p["uniplane_us"]),
+            us(&p["openmpi_us"]),
+            us(&p["mpich_us"]),
+            us(&p["cpu_us_per_op"]["uniplane"]),
+            us(&p["cpu_us_per_op"]["openmpi"]),
+            us(&p["cpu_us_per_op"]["mpich"]),
+        );
+    }
+    for lib in ["openmpi", "mpich"] {
+        if let Some(why) = r[lib].as_str() {
+            println!("  {lib}: {why}");
+        }
+    }
+    let params = json!({ "op": a.op, "ranks": a.ranks, "sizes": sizes, "stack": a.stack, "wait": a.wait, "iterations": a.iterations, "eager": a.eager });
+    emit(cli.json, &Report::new("collectives", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1296,6 +1380,7 @@ fn main() -> ExitCode {
         Command::Path(a) => path(&cli, a),
         Command::Tunnel(a) => tunnel(&cli, a),
         Command::Rpc(a) => rpc(&cli, a),
+        Command::Collectives(a) => collectives(&cli, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
