@@ -696,7 +696,7 @@ impl Communicator {
     ) -> impl Future<Output = Result<(), Error>> + 'a {
         let key = self.next_key();
         async move {
-            if buf.len() % self.size() != 0 {
+            if !buf.len().is_multiple_of(self.size()) {
                 return Err(Error::Argument(format!(
                     "{} elements are not {} equal blocks",
                     buf.len(),
@@ -775,7 +775,7 @@ impl Communicator {
         let key = self.next_key();
         async move {
             let n = self.size();
-            if data.len() % n != 0 {
+            if !data.len().is_multiple_of(n) {
                 return Err(Error::Argument(format!(
                     "{} elements are not {n} equal blocks",
                     data.len()
@@ -836,7 +836,7 @@ impl Communicator {
 
     async fn alltoall_with<T: Element>(&self, key: Key, buf: &mut [T]) -> Result<(), Error> {
         let (n, r) = (self.size(), self.rank());
-        if buf.len() % n != 0 {
+        if !buf.len().is_multiple_of(n) {
             return Err(Error::Argument(format!(
                 "{} elements are not {n} equal blocks",
                 buf.len()
