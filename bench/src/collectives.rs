@@ -181,8 +181,10 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
     let dir = daemon.runtime_dir().to_owned();
     let wait = match cfg.wait {
         WaitMode::Busy => Wait::Busy,
+        // Parking at once: a spin happens inside the session task's poll
+        // and would hold up every other task of the rank's runtime.
         WaitMode::Park => Wait::Park {
-            spin: Duration::from_micros(50),
+            spin: Duration::ZERO,
         },
     };
     let threads: Vec<_> = (0..cfg.ranks)

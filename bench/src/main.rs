@@ -93,7 +93,7 @@ struct CollectivesArgs {
     /// Only shm (one daemon) is implemented.
     #[arg(long, default_value = "shm", value_parser = ["shm"])]
     stack: String,
-    /// busy: sessions and engine poll (as MPI does); park: spin 50 µs, then park.
+    /// busy: sessions and engine poll (as MPI does); park: sessions park at once, the engine spins then parks.
     #[arg(long, default_value = "busy", value_parser = ["busy", "park"])]
     wait: String,
     /// Eager threshold of the uniplane side in bytes (default 64 KiB).
