@@ -130,7 +130,11 @@ pub struct Options {
     /// here before it waits for credit.
     pub window: u64,
     /// Eager threshold in bytes (see
-    /// [`Communicator::set_eager_threshold`]).
+    /// [`Communicator::set_eager_threshold`]); at most half the window
+    /// minus 64 takes effect. The default, 256 KiB, makes every message
+    /// that fits the default window's half eager: over shared memory on
+    /// one daemon, eager beat rendezvous at every size measured
+    /// (docs/collectives.md).
     pub eager_threshold: usize,
     /// How the session's data path waits (busy-polling or parking).
     pub wait: Wait,
@@ -145,7 +149,7 @@ impl Default for Options {
             timeout: Duration::from_secs(30),
             setup_timeout: Duration::from_secs(30),
             window: 512 * 1024,
-            eager_threshold: 64 * 1024,
+            eager_threshold: 256 * 1024,
             wait: Wait::default(),
             tuning: Tuning::default(),
         }

@@ -130,7 +130,7 @@ const ALL: [Collective; 9] = [
 ];
 
 /// One element, many segments (eager) and the rendezvous path.
-const COUNTS: [usize; 3] = [1, 5_000, 40_000];
+const COUNTS: [usize; 3] = [1, 5_000, 70_000];
 
 async fn every_algorithm(name: &str, n: usize) {
     let w = world(name, n, options()).await;
