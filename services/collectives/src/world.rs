@@ -15,6 +15,7 @@
 //! OpenMPI's `mpirun`, MPICH's Hydra or Slurm's `srun` alike.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -140,6 +141,11 @@ pub struct Options {
     pub wait: Wait,
     /// The algorithm table.
     pub tuning: Tuning,
+    /// Runtime directories of further daemons on this host whose
+    /// resources are searched for ranks too: ranks attached to different
+    /// daemons (peered, so their UIDs route to each other) meet this way.
+    /// Empty: only this rank's own daemon.
+    pub also_ask: Vec<PathBuf>,
 }
 
 impl Default for Options {
@@ -152,6 +158,7 @@ impl Default for Options {
             eager_threshold: 256 * 1024,
             wait: Wait::default(),
             tuning: Tuning::default(),
+            also_ask: Vec::new(),
         }
     }
 }
@@ -181,7 +188,11 @@ pub async fn join(
         )
         .await?;
     let mut listener = session.listen(options.port).await?;
-    let uids = discover(&session, spec, options.port, deadline).await?;
+    let mut others = Vec::new();
+    for dir in &options.also_ask {
+        others.push(Client::connect(dir).await?);
+    }
+    let uids = discover(&session, &others, spec, options.port, deadline).await?;
     let rank_of: HashMap<Uid, usize> = uids.iter().enumerate().map(|(i, u)| (*u, i)).collect();
     let me = spec.rank;
 
@@ -260,6 +271,7 @@ pub async fn join(
 /// all of them listen on `port`.
 async fn discover(
     session: &Session,
+    others: &[Client],
     spec: &WorldSpec,
     port: u16,
     deadline: Instant,
@@ -267,9 +279,12 @@ async fn discover(
     let names: HashMap<String, usize> = (0..spec.size).map(|i| (spec.name_of(i), i)).collect();
     let mut pause = Duration::from_millis(1);
     loop {
-        let list = session.client().request(&Request::Resources).await?;
+        let mut lists = vec![session.client().request(&Request::Resources).await?];
+        for c in others {
+            lists.push(c.request(&Request::Resources).await?);
+        }
         let mut uids: Vec<Option<Uid>> = vec![None; spec.size];
-        for r in list.as_array().into_iter().flatten() {
+        for r in lists.iter().filter_map(|l| l.as_array()).flatten() {
             let Some(&rank) = r
                 .get("name")
                 .and_then(|n| n.as_str())
