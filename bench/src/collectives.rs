@@ -18,7 +18,9 @@
 //!
 //! Both MPI libraries busy-poll; the uniplane side busy-polls too with
 //! `--wait busy` (sessions and engine), or parks with `--wait park`.
-//! Only `shm` (one daemon) is implemented.
+//! `--stack shm` runs one daemon; `tcp` and `ltl` run two, peered over
+//! that tunnel on loopback, with the ranks alternating between them
+//! (OpenMPI then uses its TCP transport, `--mca btl tcp,self`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -100,6 +102,10 @@ pub struct CollConfig {
     pub mpi: bool,
     /// Eager threshold of the uniplane side (None: the default).
     pub eager_threshold: Option<usize>,
+    /// `shm`: one daemon; `tcp` or `ltl`: two daemons peered over that
+    /// tunnel on loopback, ranks alternating between them (and OpenMPI
+    /// over its TCP transport, MPICH not run).
+    pub stack: String,
 }
 
 /// Sizes as `--sizes` takes them: `8..4M` (doubling, the end included),
@@ -177,8 +183,8 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
                 "no uniplaned next to this program: build it, or pass --uniplaned".into(),
             )
         })?;
-    let daemon = DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?;
-    let dir = daemon.runtime_dir().to_owned();
+    let daemons = start_daemons(&binary, cfg)?;
+    let dirs: Vec<PathBuf> = daemons.iter().map(|d| d.runtime_dir().to_owned()).collect();
     let wait = match cfg.wait {
         WaitMode::Busy => Wait::Busy,
         // Parking at once: a spin happens inside the session task's poll
@@ -189,7 +195,8 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
     };
     let threads: Vec<_> = (0..cfg.ranks)
         .map(|rank| {
-            let dir = dir.clone();
+            let dir = dirs[rank % dirs.len()].clone();
+            let also_ask: Vec<PathBuf> = dirs.iter().filter(|d| **d != dir).cloned().collect();
             let cfg = cfg.clone();
             let sizes = sizes.to_vec();
             std::thread::Builder::new()
@@ -206,6 +213,7 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
                         let options = Options {
                             wait,
                             timeout: Duration::from_secs(60),
+                            also_ask,
                             ..Options::default()
                         };
                         let comm = uniplane_collectives::join(client, &spec, options)
@@ -240,7 +248,7 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
             .map_err(|e| BenchError::Config(format!("uniplane side: {e}")))?;
         per_rank.push(r);
     }
-    drop(daemon);
+    drop(daemons);
     Ok((0..sizes.len())
         .map(|i| {
             let mut lat = per_rank[0][i].1.clone();
@@ -252,6 +260,85 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
             }
         })
         .collect())
+}
+
+/// One daemon for `shm`; for `tcp`/`ltl` two, peered over that tunnel
+/// on loopback with a fresh cluster secret, once each sees the other.
+fn start_daemons(binary: &Path, cfg: &CollConfig) -> Result<Vec<DaemonProcess>, BenchError> {
+    if cfg.stack == "shm" {
+        return Ok(vec![DaemonProcess::start(
+            binary,
+            PlaneKind::Engine,
+            cfg.wait,
+        )?]);
+    }
+    let mode = match cfg.wait {
+        WaitMode::Busy => "busy-poll",
+        WaitMode::Park => "spin-then-park",
+    };
+    let free = |udp: bool| -> Result<u16, BenchError> {
+        let a = if udp {
+            std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+        } else {
+            std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+        };
+        a.map(|a| a.port())
+            .map_err(|e| BenchError::Config(format!("a free port: {e}")))
+    };
+    let udp = cfg.stack == "ltl";
+    let ends = [
+        ("10.20.0.1", free(false)?, free(udp)?),
+        ("10.20.0.2", free(false)?, free(udp)?),
+    ];
+    let base = scratch_dir("collectives-key")?;
+    let secret = base.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret)
+        .map_err(|e| BenchError::Config(format!("cluster secret: {e}")))?;
+    let mut out = Vec::new();
+    for (i, (me, peer, tunnel)) in ends.iter().enumerate() {
+        let (other, opeer, otunnel) = ends[1 - i];
+        let dir = scratch_dir("collectives")?;
+        let text = format!(
+            "[server]\nid = \"{me}\"\npeer_listen = \"127.0.0.1:{peer}\"\n\n\
+             [runtime]\ndir = \"{}\"\n\n\
+             [engine]\nmax_ports = 8\nring_depth = 1024\nmode = \"{mode}\"\n\n\
+             [[stacks]]\nname = \"{stack}\"\nlisten = \"127.0.0.1:{tunnel}\"\n\n\
+             [[peers]]\nserver = \"{other}\"\naddress = \"127.0.0.1:{opeer}\"\ntunnel = \"127.0.0.1:{otunnel}\"\nstack = \"{stack}\"\n\n\
+             [policy]\ndefault = \"allow\"\n\n[cluster]\nsecret = \"{}\"\n",
+            dir.display(),
+            secret.display(),
+            stack = cfg.stack,
+        );
+        out.push(DaemonProcess::spawn(binary, dir, &text, &[])?);
+    }
+    let rt = crate::path::runtime()?;
+    let dirs: Vec<PathBuf> = out.iter().map(|d| d.runtime_dir().to_owned()).collect();
+    let peered = rt.block_on(async {
+        let start = Instant::now();
+        for dir in &dirs {
+            let c = Client::connect(dir).await.map_err(|e| e.to_string())?;
+            loop {
+                let status = c
+                    .request(&uniplane_client::protocol::Request::Status)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let alive = status["peers"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty() && p.iter().all(|x| x["alive"] == true));
+                if alive {
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(20) {
+                    return Err("the daemons did not become peers within 20 s".to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(())
+    });
+    let _ = std::fs::remove_dir_all(&base);
+    peered.map_err(BenchError::Config)?;
+    Ok(out)
 }
 
 fn thread_cpu() -> Duration {
@@ -399,7 +486,21 @@ pub fn run_collectives(cfg: &CollConfig) -> Result<Value, BenchError> {
     };
     let ours = run_uniplane(cfg, &sizes)?;
     let dir = scratch_dir("collectives")?;
-    let (openmpi, mpich) = if cfg.mpi {
+    let (openmpi, mpich) = if !cfg.mpi {
+        (Err("not run".into()), Err("not run".into()))
+    } else if cfg.stack != "shm" {
+        (
+            run_mpi(
+                "mpicc.openmpi",
+                "mpirun.openmpi",
+                &["--oversubscribe", "--mca", "btl", "tcp,self"],
+                cfg,
+                &sizes,
+                &dir,
+            ),
+            Err("not run over tcp (MPICH here has no TCP-only switch in use)".to_string()),
+        )
+    } else {
         (
             run_mpi(
                 "mpicc.openmpi",
@@ -411,8 +512,6 @@ pub fn run_collectives(cfg: &CollConfig) -> Result<Value, BenchError> {
             ),
             run_mpi("mpicc.mpich", "mpirun.mpich", &[], cfg, &sizes, &dir),
         )
-    } else {
-        (Err("not run".into()), Err("not run".into()))
     };
     let _ = std::fs::remove_dir_all(&dir);
     let side = |r: &Result<Vec<Point>, String>, i: usize, f: fn(&Point) -> f64| {

@@ -90,8 +90,8 @@ struct CollectivesArgs {
     /// Timed calls per size (0: by size, 1000 to 40).
     #[arg(long, default_value_t = 0)]
     iterations: usize,
-    /// Only shm (one daemon) is implemented.
-    #[arg(long, default_value = "shm", value_parser = ["shm"])]
+    /// shm: one daemon; tcp or ltl: two daemons peered over that tunnel, ranks alternating.
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp", "ltl"])]
     stack: String,
     /// busy: sessions and engine poll (as MPI does); park: sessions park at once, the engine spins then parks.
     #[arg(long, default_value = "busy", value_parser = ["busy", "park"])]
@@ -1333,6 +1333,7 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         uniplaned: a.uniplaned.clone(),
         mpi: !a.no_mpi,
         eager_threshold: a.eager,
+        stack: a.stack.clone(),
     };
     let r = run_collectives(&cfg)?;
     let us = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
