@@ -306,30 +306,6 @@ pub async fn recv_some(
 /// core to the operating system on each further poll.
 const SPINS_BEFORE_YIELD: u32 = 256;
 
-/// Waits until `clock` reads `due_ns`: on the runtime's timer while more
-/// than 2 ms remain (its resolution is 1 ms), then in a short OS sleep
-/// while more than 200 us remain, then yielding the core on each check, so
-/// a paced sender does not starve the receiver of a small machine.
-pub async fn wait_until<C: Clock>(clock: &C, due_ns: u64) {
-    loop {
-        let now = clock.now_ns();
-        if now >= due_ns {
-            return;
-        }
-        let left = due_ns - now;
-        if left > 2_000_000 {
-            tokio::time::sleep(Duration::from_nanos(left - 1_000_000)).await;
-        } else if left > 200_000 {
-            // The OS wakes sleepers up to ~50 us late (timer slack); this
-            // runtime runs only the sender, so blocking it briefly is safe.
-            std::thread::sleep(Duration::from_nanos(left - 100_000));
-        } else {
-            std::thread::yield_now();
-            tokio::task::yield_now().await;
-        }
-    }
-}
-
 /// The UID messages are sent to.
 pub fn sink_uid() -> Uid {
     Uid::new(Ipv4Addr::LOCALHOST, 0xbe00)

@@ -80,4 +80,8 @@ pub enum BenchError {
     /// The report could not be serialized.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+
+    /// The paced sender's timer failed.
+    #[error("the pacing timer: {0}")]
+    Timer(std::io::Error),
 }

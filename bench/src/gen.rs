@@ -25,11 +25,11 @@ use uniplane_dataplane::{BoxLink, BoxListener, LinkExt, Message, Stack};
 use crate::args::{Pattern, Rate};
 use crate::clock::{Clock, MonotonicClock};
 use crate::engine::{
-    flow_header, join, recv_some, spawn_worker, wait_until, watch, Meter, Observer, Sample,
-    L1_OVERHEAD, MAX_FLOWS,
+    flow_header, join, recv_some, spawn_worker, watch, Meter, Observer, Sample, L1_OVERHEAD,
+    MAX_FLOWS,
 };
 use crate::hist::LatencyHistogram;
-use crate::pacer::Pacer;
+use crate::pacer::{Pacer, Sleeper};
 use crate::sizes::SizeMix;
 use crate::stacks::Endpoints;
 use crate::stamp::Stamp;
@@ -372,6 +372,9 @@ impl PayloadArena {
     }
 }
 
+/// Longest a paced sender sleeps before it looks again (for an abort).
+const MAX_WAIT_NS: u64 = 50_000_000;
+
 /// Longest a sender over a reliable stack stays after its last message
 /// for the receiver to get everything.
 const RELIABLE_LINGER: Duration = Duration::from_secs(2);
@@ -386,11 +389,13 @@ async fn send(
     let mut sizes = cfg.sizes.clone();
     let pps = cfg.rate.pps(HEADER_LEN as f64 + sizes.mean());
     let mut pacer = Pacer::new(clock, pps, cfg.pattern, cfg.seed);
+    let mut sleeper = Sleeper::new()?;
     let headers: Vec<Header> = (0..cfg.flows).map(flow_header).collect();
     let mut seqs = vec![0u64; headers.len()];
     let mut flow = 0usize;
     let mut arena = PayloadArena::new(1 << 20);
     let mut batch: VecDeque<Message> = VecDeque::with_capacity(cfg.batch);
+    let mut departures = vec![0u64; cfg.batch.max(1)];
 
     let begin = clock.now_ns();
     let warm_end = begin.saturating_add(cfg.warmup.as_nanos() as u64);
@@ -421,21 +426,33 @@ async fn send(
         if meter.aborted() {
             break;
         }
-        let n = pacer.grant_at(now, room);
+        let n = pacer.departures_at(now, room, &mut departures);
         if n == 0 {
             if let Some(due) = pacer.next_due_ns() {
-                wait_until(&clock, due.min(warm_end.max(now + 1))).await;
+                // Wake for the next departure, or for the end of the
+                // warm-up or of the run when that comes first (bounded,
+                // so an abort is seen at low rates too).
+                let mut wake = due.min(now + MAX_WAIT_NS);
+                if !measuring {
+                    wake = wake.min(warm_end);
+                } else if let Stop::Seconds(s) = cfg.stop {
+                    wake = wake.min(out.start_ns + (s * 1e9) as u64);
+                }
+                sleeper.wait_until(&clock, wake).await?;
             }
             continue;
         }
         let mut bytes = 0u64;
-        for _ in 0..n {
+        for &departure in &departures[..n] {
             let mut payload = arena.take(sizes.next_size());
             let seq = seqs[flow];
+            // Stamped with when it was due, not when it left: a sender
+            // held back (by the link's backpressure or the scheduler)
+            // counts the delay in the latency (no coordinated omission).
             Stamp {
                 flow: flow as u32,
                 seq,
-                tx_ns: now,
+                tx_ns: departure,
                 warmup: !measuring,
             }
             .write(&mut payload)

@@ -1,15 +1,35 @@
-//! Rate control: when each message may leave.
+//! Rate control: when each message may leave, and waiting for it.
 //!
 //! [`Pacer`] keeps the departure time of the next message and grants every
 //! message whose time has come; it never sleeps and reads time only from
 //! the [`Clock`] it is given, so tests drive it with a
 //! [`VirtualClock`](crate::clock::VirtualClock). A sender that fell behind
-//! catches up (the mean rate holds), in bursts no larger than it asks for.
+//! catches up (the mean rate holds), in bursts no larger than it asks for,
+//! and learns each message's *intended* departure, which it stamps (so a
+//! sender held back counts the delay: no coordinated omission, as wrk2
+//! and MoonGen measure).
+//!
+//! [`Sleeper`] waits for a departure without blocking the sender's
+//! runtime and without spinning through the gap: a timerfd (microsecond
+//! precision, where the runtime's timer has a millisecond) for all but the
+//! last [`SPIN_NS`], then a spin that yields to the runtime's other tasks
+//! (a stack's own timers and acknowledgments run there) on each check. At
+//! 2,000 messages a second that is a few percent of a core.
 
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
 use uniplane_dataplane::SplitMix64;
 
 use crate::args::Pattern;
 use crate::clock::Clock;
+use crate::BenchError;
+
+/// How long before a departure the sleeper stops sleeping and spins: a
+/// timer's wake-up is late by a few to some tens of microseconds.
+pub const SPIN_NS: u64 = 20_000;
 
 /// Grants departures at a mean rate in a [`Pattern`].
 #[derive(Debug)]
@@ -74,6 +94,26 @@ impl<C: Clock> Pacer<C> {
         n
     }
 
+    /// Like [`Pacer::grant_at`], writing each granted message's intended
+    /// departure into `out` (at most `out.len()` granted); an unlimited
+    /// pacer's are all `now_ns`.
+    #[inline]
+    pub fn departures_at(&mut self, now_ns: u64, max: usize, out: &mut [u64]) -> usize {
+        let max = max.min(out.len());
+        if self.gap_ns.is_none() {
+            out[..max].fill(now_ns);
+            return max;
+        }
+        let now = now_ns as f64;
+        let mut n = 0;
+        while n < max && self.next_ns <= now {
+            out[n] = self.next_ns.max(0.0) as u64;
+            n += 1;
+            self.advance();
+        }
+        n
+    }
+
     /// When the next message may leave (ns of the clock); `None` when the
     /// pacer is unlimited.
     #[inline]
@@ -102,10 +142,109 @@ impl<C: Clock> Pacer<C> {
     }
 }
 
+/// Waits for departures on a timerfd registered with the runtime: see
+/// the module documentation. One per sender.
+#[derive(Debug)]
+pub struct Sleeper {
+    timer: AsyncFd<OwnedFd>,
+}
+
+impl Sleeper {
+    /// A sleeper on a fresh monotonic timerfd. Lowers the calling
+    /// thread's timer slack to 1 ns (Linux's default lets a sleeper wake
+    /// up to 50 us late), so call it on the sender's own thread.
+    pub fn new() -> Result<Sleeper, BenchError> {
+        // SAFETY: timerfd_create takes no pointers; the descriptor it
+        // returns is owned by the OwnedFd below and by nothing else.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(BenchError::Timer(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: PR_SET_TIMERSLACK takes an integer; it only changes this
+        // thread's timer slack. Failure leaves the default: harmless.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        }
+        // SAFETY: the OwnedFd is moved into the AsyncFd, which never
+        // swaps it out; it stays open and the same until the AsyncFd drops.
+        let timer = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| BenchError::Timer(io::Error::from(e)))?;
+        Ok(Sleeper { timer })
+    }
+
+    /// Sleeps `d` on the timerfd, letting the runtime run other tasks.
+    async fn sleep(&mut self, d: Duration) -> Result<(), BenchError> {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: d.as_secs() as libc::time_t,
+                // Both zero would disarm the timer: at least 1 ns.
+                tv_nsec: d.subsec_nanos().max(1) as libc::c_long,
+            },
+        };
+        // SAFETY: the descriptor is a live timerfd; `spec` outlives the
+        // call and the old value is not asked for (null).
+        let armed = unsafe {
+            libc::timerfd_settime(self.timer.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+        };
+        if armed < 0 {
+            return Err(BenchError::Timer(io::Error::last_os_error()));
+        }
+        loop {
+            let mut guard = self.timer.readable().await.map_err(BenchError::Timer)?;
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into an 8-byte buffer.
+            let n = unsafe {
+                libc::read(
+                    guard.get_inner().as_raw_fd(),
+                    expirations.as_mut_ptr().cast(),
+                    expirations.len(),
+                )
+            };
+            if n == 8 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(BenchError::Timer(e));
+            }
+            guard.clear_ready();
+        }
+    }
+
+    /// Waits until `clock` reads `due_ns`: asleep on the timer until
+    /// [`SPIN_NS`] before it, then checking the clock, yielding to the
+    /// runtime's other tasks between checks.
+    pub async fn wait_until<C: Clock>(&mut self, clock: &C, due_ns: u64) -> Result<(), BenchError> {
+        loop {
+            let now = clock.now_ns();
+            if now >= due_ns {
+                return Ok(());
+            }
+            let left = due_ns - now;
+            if left > SPIN_NS {
+                self.sleep(Duration::from_nanos(left - SPIN_NS)).await?;
+            } else {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::VirtualClock;
+    use crate::clock::{MonotonicClock, VirtualClock};
 
     /// Drives a pacer for one virtual second in steps of `step_ns`, asking
     /// for up to `max` per step; returns the departure times granted.
@@ -181,6 +320,59 @@ mod tests {
         assert_eq!(pacer.grant(64), 37);
         assert_eq!(pacer.grant(64), 0);
         assert_eq!(pacer.next_due_ns(), Some(101_000));
+    }
+
+    #[test]
+    fn departures_are_the_intended_times_not_the_time_asked() {
+        let clock = VirtualClock::at(0);
+        let mut pacer = Pacer::new(&clock, Some(1e6), Pattern::Constant, 1);
+        let mut out = [0u64; 8];
+        // 3.5 us late: the departures due at 0, 1, 2 and 3 us.
+        assert_eq!(pacer.departures_at(3_500, 8, &mut out), 4);
+        assert_eq!(out[..4], [0, 1_000, 2_000, 3_000]);
+        assert_eq!(pacer.departures_at(3_500, 8, &mut out), 0);
+        // Never more than the buffer holds.
+        assert_eq!(pacer.departures_at(100_000, 64, &mut out), 8);
+        let mut unlimited = Pacer::new(&clock, None, Pattern::Constant, 1);
+        assert_eq!(unlimited.departures_at(77, 3, &mut out), 3);
+        assert_eq!(out[..3], [77, 77, 77]);
+    }
+
+    /// The sleeper neither returns early nor holds the runtime: a task
+    /// beside it runs while it waits.
+    #[test]
+    fn the_sleeper_wakes_at_the_due_time_and_lets_other_tasks_run() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let local = tokio::task::LocalSet::new();
+            local
+                .run_until(async {
+                    let clock = MonotonicClock::new();
+                    let ticks = std::rc::Rc::new(std::cell::Cell::new(0u32));
+                    let beside = tokio::task::spawn_local({
+                        let ticks = ticks.clone();
+                        async move {
+                            loop {
+                                ticks.set(ticks.get() + 1);
+                                tokio::task::yield_now().await;
+                            }
+                        }
+                    });
+                    let mut sleeper = Sleeper::new().unwrap();
+                    for gap in [300_000u64, 50_000, 5_000, 2_000_000] {
+                        let due = clock.now_ns() + gap;
+                        let before = ticks.get();
+                        sleeper.wait_until(&clock, due).await.unwrap();
+                        assert!(clock.now_ns() >= due, "woke before {gap} ns were up");
+                        assert!(ticks.get() > before, "the runtime was blocked for {gap} ns");
+                    }
+                    beside.abort();
+                })
+                .await
+        });
     }
 
     #[test]

@@ -85,3 +85,20 @@ fn loss_is_refused_on_other_stacks_and_outside_zero_to_one_hundred() {
         "invalid value",
     );
 }
+
+/// A paced ltl sender sleeps between departures without blocking its
+/// runtime, where the ltl endpoint's timers and acknowledgments run:
+/// at 2 kpps (a 500 us gap, once slept in `thread::sleep`) a 2-second
+/// run ends with every message delivered instead of failing with "no
+/// answer after 9 timeouts" (it did from about 1.5 s on).
+#[test]
+fn a_slowly_paced_ltl_run_delivers_everything() {
+    let out = bench(&[
+        "gen", "--stack", "ltl", "--rate", "2kpps", "--count", "4000", "--warmup", "0", "--json",
+        "--quiet",
+    ]);
+    let v = last_json(&out);
+    assert_eq!(count(&v, "results.sent"), 4000);
+    assert_eq!(count(&v, "results.received"), 4000);
+    assert_eq!(count(&v, "results.lost"), 0);
+}

@@ -13,8 +13,9 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use std::task::{Context, Poll};
+use uniplane_client::protocol::{CLOSE_ACK, CLOSE_FIN};
 use uniplane_dataplane::wire::{
-    Header, MemoryParams, Params, PortParams, ReqType, Request, Status,
+    Header, MemoryParams, MsgFlags, Params, PortParams, ReqType, Request, Status,
 };
 
 use uniplane_dataplane::{Link, LinkExt, Message, PortClosed, PortIo};
@@ -119,6 +120,23 @@ pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Messa
             Message::new(reply, Bytes::copy_from_slice(data)).ok()
         }
         (ReqType::Flush, _) => m.error_answer(Status::Ok),
+        // A process closing its connection in band: the device holds no
+        // state per connection, so it acknowledges at once and the
+        // process goes on to ask the daemon to close.
+        (ReqType::Close, Params::Port(p))
+            if p.flag == CLOSE_FIN && !h.flags.contains(MsgFlags::ERROR) =>
+        {
+            let request = Request::new(
+                ReqType::Close,
+                Params::Port(PortParams {
+                    flag: CLOSE_ACK,
+                    src_port: p.dst_port,
+                    dst_port: p.src_port,
+                }),
+            )
+            .ok()?;
+            Message::new(Header::new(h.dst, h.src, request), Bytes::new()).ok()
+        }
         // Connection control and answers need no reply from a device.
         (k, _) if k.is_answer() || matches!(k, ReqType::Connect | ReqType::Close) => None,
         _ => m.error_answer(Status::BadRequest),
@@ -265,6 +283,34 @@ mod tests {
         assert_eq!(r.header().request.ports(), Some((7, 9)));
         assert_eq!(r.payload().as_ref(), b"hi");
         assert_eq!(r.header().seqnum, 3);
+    }
+
+    #[test]
+    fn a_device_acknowledges_an_in_band_close_and_nothing_else_of_connection_control() {
+        let close = |flag| {
+            let params = Params::Port(PortParams {
+                flag,
+                src_port: 9,
+                dst_port: 7,
+            });
+            let h = Header::new(
+                uid("1.1.1.1:5"),
+                uid("1.1.1.1:1"),
+                Request::new(ReqType::Close, params).unwrap(),
+            );
+            Message::new(h, Bytes::new()).unwrap()
+        };
+        for kind in [DeviceKind::Echo, DeviceKind::Memory] {
+            let mut mem = Memory::new(16);
+            let ack = handle(kind, &mut mem, close(CLOSE_FIN)).unwrap();
+            let h = ack.header();
+            assert_eq!((h.src, h.dst), (uid("1.1.1.1:1"), uid("1.1.1.1:5")));
+            assert_eq!(h.request.kind(), ReqType::Close);
+            assert_eq!(h.request.params().flag(), CLOSE_ACK);
+            assert_eq!(h.request.ports(), Some((7, 9)));
+            // An acknowledgment is not acknowledged: no ping-pong.
+            assert!(handle(kind, &mut mem, close(CLOSE_ACK)).is_none());
+        }
     }
 
     #[test]

@@ -35,6 +35,12 @@ impl Listener {
     pub async fn accept(&mut self) -> Option<Connection> {
         self.rx.recv().await
     }
+
+    /// A connection already waiting, without waiting for one.
+    #[cfg(test)]
+    pub(crate) fn try_accept(&mut self) -> Option<Connection> {
+        self.rx.try_recv().ok()
+    }
 }
 
 /// One connection: a [`Link`] whose stream yields the far end's messages
@@ -74,10 +80,11 @@ impl Connection {
     ) -> Connection {
         let (tx, rx) = mpsc::channel(1024);
         let id = shared.conn_id();
-        shared
-            .routes()
-            .conns
-            .insert((local_port, remote, remote_port), Inbox { id, tx });
+        let key = (local_port, remote, remote_port);
+        let mut routes = shared.routes();
+        routes.closed.remove(&key);
+        routes.conns.insert(key, Inbox { id, tx });
+        drop(routes);
         Connection {
             shared: shared.clone(),
             id,
@@ -105,8 +112,14 @@ impl Connection {
         }
     }
 
-    /// Drops the connection without telling anyone (it is being closed
-    /// through the daemon, or was never opened).
+    /// Starts closing the connection in band ([`Shared::close_in_band`]);
+    /// `None` when the far end or the session closed it already.
+    pub(crate) fn start_close(mut self) -> Option<crate::session::Closing> {
+        self.closed = true;
+        self.shared.unroute_closing(self.route(), self.id)
+    }
+
+    /// Drops the connection without telling anyone (it was never opened).
     pub(crate) fn forget(mut self) {
         self.shared.unroute(self.route(), self.id);
         self.closed = true;
@@ -187,8 +200,11 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // Still routed means nobody closed it yet: the far end's close or
         // the session's end removes the route first.
-        if !self.closed && self.shared.unroute(self.route(), self.id) {
-            self.shared.close_later(self.spec());
+        if self.closed {
+            return;
+        }
+        if let Some(closing) = self.shared.unroute_closing(self.route(), self.id) {
+            self.shared.close_later(closing);
         }
     }
 }

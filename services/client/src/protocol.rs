@@ -14,6 +14,14 @@ use uniplane_dataplane::Uid;
 /// Longest control line accepted, in bytes.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// `req_flag` of an in-band CLOSE (a port-layout CLOSE from one end of a
+/// connection to the other, on the data path): the sender closes the
+/// connection. Everything it sent before travels ahead of it.
+pub const CLOSE_FIN: u8 = 0;
+/// `req_flag` of the in-band CLOSE that acknowledges a [`CLOSE_FIN`]: once
+/// it arrives, the closing end asks the daemon to remove the connection.
+pub const CLOSE_ACK: u8 = 1;
+
 /// Reads one line of at most [`MAX_LINE`] bytes (one more is read to tell
 /// an oversized line); returns the bytes read, 0 at the end of the stream.
 pub async fn read_line<R>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<usize>

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
-use uniplane_dataplane::wire::{MsgFlags, ParamForm, ReqType, Status};
+use uniplane_dataplane::wire::{
+    Header, MsgFlags, ParamForm, Params, PortParams, ReqType, Request as WireRequest, Status,
+};
 use uniplane_dataplane::{Endpoint, Link, LinkError, MemoryAddress, Message, Uid};
 
 use crate::control::ControlChannel;
@@ -25,6 +27,62 @@ const ONE_SIDED_TIMEOUT: Duration = Duration::from_secs(5);
 /// taking more from the data path (backpressure on the peers).
 const MAX_QUEUED_OUT: usize = 256;
 
+/// How long a closing end waits for the far end to acknowledge its
+/// in-band CLOSE before asking the daemon to close anyway.
+const CLOSE_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+use crate::protocol::{CLOSE_ACK as FIN_ACK, CLOSE_FIN as FIN};
+
+/// A connection as this end's dispatcher keys it: (local port, remote
+/// UID, remote port).
+pub(crate) type ConnKey = (u16, Uid, u16);
+
+/// The connections closed here lately (at most [`Recent::CAP`]): data
+/// still in flight for one of them is dropped, never taken for a new
+/// connection.
+#[derive(Default)]
+pub(crate) struct Recent {
+    set: HashMap<ConnKey, u64>,
+    order: VecDeque<(ConnKey, u64)>,
+    next: u64,
+}
+
+impl Recent {
+    const CAP: usize = 1024;
+
+    fn insert(&mut self, key: ConnKey) {
+        self.next += 1;
+        self.set.insert(key, self.next);
+        self.order.push_back((key, self.next));
+        while self.order.len() > Self::CAP {
+            if let Some((old, generation)) = self.order.pop_front() {
+                if self.set.get(&old) == Some(&generation) {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, key: &ConnKey) -> bool {
+        self.set.contains_key(key)
+    }
+
+    pub(crate) fn remove(&mut self, key: &ConnKey) {
+        self.set.remove(key);
+    }
+}
+
+/// The in-band CLOSE of `key` (a connection of `me`) with `flag`.
+fn close_message(me: Uid, key: ConnKey, flag: u8) -> Option<Message> {
+    let params = Params::Port(PortParams {
+        flag,
+        src_port: key.0,
+        dst_port: key.2,
+    });
+    let request = WireRequest::new(ReqType::Close, params).ok()?;
+    Message::new(Header::new(me, key.1, request), Bytes::new()).ok()
+}
+
 /// A connection's inbox, tagged with the connection it belongs to so a
 /// dropped connection removes its own entry and no newer one.
 pub(crate) struct Inbox {
@@ -36,7 +94,12 @@ pub(crate) struct Inbox {
 #[derive(Default)]
 pub(crate) struct Routes {
     /// (local port, remote UID, remote port) → connection inbox.
-    pub(crate) conns: HashMap<(u16, Uid, u16), Inbox>,
+    pub(crate) conns: HashMap<ConnKey, Inbox>,
+    /// Connections this end is closing in band → who waits for the far
+    /// end's acknowledgment.
+    closing: HashMap<ConnKey, oneshot::Sender<()>>,
+    /// Connections closed lately.
+    pub(crate) closed: Recent,
     /// Listening port → accept queue.
     listeners: HashMap<u16, mpsc::Sender<Connection>>,
     /// (answering UID, sequence number) → waiter for a one-sided answer.
@@ -54,8 +117,9 @@ pub(crate) struct Shared {
     routes: Mutex<Routes>,
     /// The data path's writer queue.
     pub(crate) out: mpsc::Sender<Message>,
-    /// Connections dropped while open, for the daemon to close.
-    closes: mpsc::UnboundedSender<ConnSpec>,
+    /// Connections dropped while open, to close in band and then
+    /// through the daemon.
+    closes: mpsc::UnboundedSender<Closing>,
     next_conn: AtomicU64,
     next_seq: AtomicU32,
 }
@@ -67,7 +131,7 @@ impl Shared {
         uid: Uid,
         daemon: Uid,
         link: L,
-    ) -> (Arc<Shared>, mpsc::UnboundedReceiver<ConnSpec>) {
+    ) -> (Arc<Shared>, mpsc::UnboundedReceiver<Closing>) {
         let (out, out_rx) = mpsc::channel::<Message>(1024);
         let (closes, closes_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -94,21 +158,53 @@ impl Shared {
 
     /// Forgets the route of connection `id`; true when it was still there
     /// (nobody had closed the connection yet).
-    pub(crate) fn unroute(&self, key: (u16, Uid, u16), id: u64) -> bool {
+    pub(crate) fn unroute(&self, key: ConnKey, id: u64) -> bool {
         let mut routes = self.routes();
         match routes.conns.get(&key) {
             Some(inbox) if inbox.id == id => {
                 routes.conns.remove(&key);
+                routes.closed.insert(key);
                 true
             }
             _ => false,
         }
     }
 
-    /// Asks the daemon, in the background, to close a connection that was
-    /// dropped while open.
-    pub(crate) fn close_later(&self, conn: ConnSpec) {
-        let _ = self.closes.send(conn);
+    /// Forgets the route of connection `id` and starts closing it in
+    /// band; `None` when somebody had closed it already.
+    pub(crate) fn unroute_closing(&self, key: ConnKey, id: u64) -> Option<Closing> {
+        let mut routes = self.routes();
+        match routes.conns.get(&key) {
+            Some(inbox) if inbox.id == id => {
+                routes.conns.remove(&key);
+                routes.closed.insert(key);
+                let (tx, acked) = oneshot::channel();
+                routes.closing.insert(key, tx);
+                Some(Closing { key, acked })
+            }
+            _ => None,
+        }
+    }
+
+    /// Closes, in the background, a connection that was dropped while
+    /// open: in band, then through the daemon.
+    pub(crate) fn close_later(&self, closing: Closing) {
+        let _ = self.closes.send(closing);
+    }
+
+    /// The graceful end of a connection this end closes: a CLOSE behind
+    /// everything the connection sent, then a wait (bounded) for the far
+    /// end's acknowledgment. Once it came, everything sent before is
+    /// through the engine, and the daemon may remove the connection
+    /// without losing any of it.
+    pub(crate) async fn close_in_band(&self, closing: Closing) {
+        let Closing { key, acked } = closing;
+        if let Some(fin) = close_message(self.uid, key, FIN) {
+            if self.out.send(fin).await.is_ok() {
+                let _ = tokio::time::timeout(CLOSE_ACK_TIMEOUT, acked).await;
+            }
+        }
+        self.routes().closing.remove(&key);
     }
 
     /// Sends a one-sided request and waits for the completion from its
@@ -148,20 +244,51 @@ impl Shared {
     }
 }
 
-/// Closes, through the daemon, the connections dropped while open. Holds
-/// the control socket only weakly: the session's end closes it, and the
-/// daemon then closes every connection left.
+/// A connection this end is closing: its key, and the far end's
+/// acknowledgment to wait for.
+pub(crate) struct Closing {
+    key: ConnKey,
+    acked: oneshot::Receiver<()>,
+}
+
+impl Closing {
+    /// The connection as the control protocol names it.
+    fn spec(&self, me: Uid) -> ConnSpec {
+        ConnSpec {
+            src: me,
+            src_port: self.key.0,
+            dst: self.key.1,
+            dst_port: self.key.2,
+        }
+    }
+}
+
+/// Closes the connections dropped while open: in band, then through the
+/// daemon, each in its own task so a far end slow to acknowledge holds up
+/// no other. Holds the session and the control socket only weakly: the
+/// session's end closes the socket, and the daemon then closes every
+/// connection left.
 async fn close_dropped(
     control: Weak<ControlChannel>,
-    mut dropped: mpsc::UnboundedReceiver<ConnSpec>,
+    shared: Weak<Shared>,
+    mut dropped: mpsc::UnboundedReceiver<Closing>,
 ) {
-    while let Some(conn) = dropped.recv().await {
-        let Some(control) = control.upgrade() else {
-            return;
-        };
-        if let Err(e) = control.request(&Request::Close { conn }).await {
-            tracing::debug!(?conn, "closing a dropped connection: {e}");
-        }
+    while let Some(closing) = dropped.recv().await {
+        let (control, shared) = (control.clone(), shared.clone());
+        tokio::spawn(async move {
+            let Some(me) = shared.upgrade() else {
+                return;
+            };
+            let conn = closing.spec(me.uid);
+            me.close_in_band(closing).await;
+            drop(me);
+            let Some(control) = control.upgrade() else {
+                return;
+            };
+            if let Err(e) = control.request(&Request::Close { conn }).await {
+                tracing::debug!(?conn, "closing a dropped connection: {e}");
+            }
+        });
     }
 }
 
@@ -177,6 +304,10 @@ async fn data_path<L: Link>(mut link: L, mut out: mpsc::Receiver<Message>, d: Ar
     let mut send_buf: Vec<Message> = Vec::with_capacity(64);
     let mut stalled: Option<Stalled> = None;
     let mut out_open = true;
+    // The link holds a message it could not write yet (its ring was
+    // full): only `poll_flush` moves it on, so it is polled until done
+    // even when nothing new comes to send.
+    let mut flushing = false;
     std::future::poll_fn(|cx| loop {
         let mut progress = false;
         // A message waiting for room in its connection's inbox.
@@ -232,27 +363,37 @@ async fn data_path<L: Link>(mut link: L, mut out: mpsc::Receiver<Message>, d: Ar
                 Poll::Pending => {}
             }
         }
-        if !outbound.is_empty() {
+        if !outbound.is_empty() || flushing {
             let before = outbound.len();
-            match link.poll_send_batch(cx, &mut outbound) {
-                Poll::Ready(Err(_)) => return Poll::Ready(()),
-                Poll::Ready(Ok(())) | Poll::Pending => {}
-            }
-            if outbound.len() < before {
-                progress = true;
-                if let Poll::Ready(Err(_)) = Pin::new(&mut link).poll_flush(cx) {
-                    return Poll::Ready(());
+            if !outbound.is_empty() {
+                match link.poll_send_batch(cx, &mut outbound) {
+                    Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(())) | Poll::Pending => {}
                 }
             }
+            let sent = outbound.len() < before;
+            if sent || flushing {
+                match Pin::new(&mut link).poll_flush(cx) {
+                    Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(())) => {
+                        progress |= flushing;
+                        flushing = false;
+                    }
+                    Poll::Pending => flushing = true,
+                }
+            }
+            progress |= sent;
         }
         if !progress {
             return Poll::Pending;
         }
     })
     .await;
-    // The data path is gone: every connection ends, every call fails.
+    // The data path is gone: every connection ends, every call fails,
+    // nobody will acknowledge a close.
     let mut r = d.routes();
     r.conns.clear();
+    r.closing.clear();
     r.listeners.clear();
     r.pending.clear();
 }
@@ -286,11 +427,17 @@ fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Opt
     }
     if kind.form() == ParamForm::Port {
         let (src_port, dst_port) = h.request.ports()?;
-        let inbox = d
-            .routes()
-            .conns
-            .get(&(dst_port, h.src, src_port))
-            .map(|i| i.tx.clone())?;
+        let key = (dst_port, h.src, src_port);
+        if kind == ReqType::Close {
+            close_from_peer(d, key, h.request.params().flag(), replies);
+            return None;
+        }
+        let routed = d.routes().conns.get(&key).map(|i| i.tx.clone());
+        let inbox = match routed {
+            Some(inbox) => inbox,
+            None if kind.is_answer() || h.flags.contains(MsgFlags::ERROR) => return None,
+            None => accept_early(d, key)?,
+        };
         let item = if h.flags.contains(MsgFlags::ERROR) {
             Err(LinkError::PeerFailed(format!("{:?}", h.status())))
         } else if kind.is_answer() {
@@ -324,6 +471,46 @@ fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Opt
     None
 }
 
+/// An in-band CLOSE from the far end of `key`: a FIN ends the
+/// connection's stream after everything that came before it (the far end
+/// sent them first, on the same path) and is acknowledged; a FIN_ACK (or
+/// the far end's FIN crossing ours) completes this end's close.
+fn close_from_peer(d: &Arc<Shared>, key: ConnKey, flag: u8, replies: &mut VecDeque<Message>) {
+    let mut routes = d.routes();
+    if let Some(waiter) = routes.closing.remove(&key) {
+        let _ = waiter.send(());
+    }
+    if flag == FIN {
+        if routes.conns.remove(&key).is_some() {
+            routes.closed.insert(key);
+        }
+        drop(routes);
+        // Acknowledged even when unknown here: the far end waits for it.
+        replies.extend(close_message(d.uid, key, FIN_ACK));
+    }
+}
+
+/// Data for a connection this end has not heard of yet, at a port it
+/// listens on: the daemon's notice of the connection travels from another
+/// engine input and may come after the first data. The engine only
+/// carries it because the daemon admitted the connection, so it is
+/// accepted now (the notice, when it comes, finds it known). Data for a
+/// connection closed here lately is dropped instead.
+fn accept_early(d: &Arc<Shared>, key: ConnKey) -> Option<mpsc::Sender<Result<Message, LinkError>>> {
+    let listener = {
+        let routes = d.routes();
+        if routes.closed.contains(&key) || routes.closing.contains_key(&key) {
+            return None;
+        }
+        routes.listeners.get(&key.0).cloned()?
+    };
+    let conn = Connection::register(d, key.0, key.1, key.2);
+    let inbox = d.routes().conns.get(&key).map(|i| i.tx.clone());
+    // Refused when nobody accepts any more: dropping it closes it.
+    listener.try_send(conn).ok()?;
+    inbox
+}
+
 fn handle_notice(d: &Arc<Shared>, m: Message) {
     let h = *m.header();
     let p = m.payload();
@@ -338,7 +525,15 @@ fn handle_notice(d: &Arc<Shared>, m: Message) {
             let Some((local, remote, rport)) = parsed else {
                 return;
             };
-            let listener = d.routes().listeners.get(&local).cloned();
+            let key = (local, remote, rport);
+            let listener = {
+                let routes = d.routes();
+                // Known already: its first data came before this notice.
+                let known = routes.conns.contains_key(&key) || routes.closed.contains(&key);
+                (!known)
+                    .then(|| routes.listeners.get(&local).cloned())
+                    .flatten()
+            };
             if let Some(l) = listener {
                 // Refused when nobody accepts any more: dropping it closes it.
                 let conn = Connection::register(d, local, remote, rport);
@@ -346,24 +541,23 @@ fn handle_notice(d: &Arc<Shared>, m: Message) {
             }
         }
         ReqType::Close | ReqType::Notify => {
-            let (_, dst_port) = h.request.ports().unwrap_or((0, 0));
-            let mut routes = d.routes();
-            let keys: Vec<(u16, Uid, u16)> = match parsed {
-                Some(k) => vec![k],
-                None => routes
-                    .conns
-                    .keys()
-                    .filter(|k| k.0 == dst_port)
-                    .copied()
-                    .collect(),
+            // Only a notice that names its connection: the port alone
+            // may be shared by many (every connection a listener accepted).
+            let Some(k) = parsed else {
+                tracing::debug!("a daemon notice without its connection, dropped");
+                return;
             };
-            for k in keys {
-                if let Some(inbox) = routes.conns.remove(&k) {
-                    if h.status() != Status::Ok && h.status() != Status::Closed {
-                        let _ = inbox
-                            .tx
-                            .try_send(Err(LinkError::PeerFailed(format!("{:?}", h.status()))));
-                    }
+            let mut routes = d.routes();
+            // The far end is gone: nobody will acknowledge a close.
+            if let Some(waiter) = routes.closing.remove(&k) {
+                let _ = waiter.send(());
+            }
+            if let Some(inbox) = routes.conns.remove(&k) {
+                routes.closed.insert(k);
+                if h.status() != Status::Ok && h.status() != Status::Closed {
+                    let _ = inbox
+                        .tx
+                        .try_send(Err(LinkError::PeerFailed(format!("{:?}", h.status()))));
                 }
             }
         }
@@ -389,7 +583,11 @@ impl Session {
         link: L,
     ) -> Session {
         let (shared, dropped) = Shared::spawn(uid, daemon, link);
-        tokio::spawn(close_dropped(Arc::downgrade(&client.control), dropped));
+        tokio::spawn(close_dropped(
+            Arc::downgrade(&client.control),
+            Arc::downgrade(&shared),
+            dropped,
+        ));
         Session {
             client,
             shared,
@@ -458,7 +656,9 @@ impl Session {
     /// does the same without waiting.
     pub async fn close(&self, conn: Connection) -> Result<(), ClientError> {
         let spec = conn.spec();
-        conn.forget();
+        if let Some(closing) = conn.start_close() {
+            self.shared.close_in_band(closing).await;
+        }
         self.client
             .request(&Request::Close { conn: spec })
             .await
@@ -500,7 +700,7 @@ mod tests {
 
     /// A session's data path whose far end (the "engine") is the returned
     /// link.
-    fn session() -> (Arc<Shared>, mpsc::UnboundedReceiver<ConnSpec>, MemLink) {
+    fn session() -> (Arc<Shared>, mpsc::UnboundedReceiver<Closing>, MemLink) {
         let (ours, engine) = uniplane_dataplane::mem::pair(64);
         let (shared, dropped) = Shared::spawn(uid(ME), uid(DAEMON), ours);
         (shared, dropped, engine)
@@ -708,9 +908,9 @@ mod tests {
         let peer = uid("10.0.0.2:1").port(7);
         let conn = Connection::register(&shared, 80, peer.uid, peer.port);
         drop(conn);
-        let spec = dropped.recv().await.unwrap();
+        let closing = dropped.recv().await.unwrap();
         assert_eq!(
-            spec,
+            closing.spec(uid(ME)),
             ConnSpec {
                 src: uid(ME),
                 src_port: 80,
@@ -726,32 +926,143 @@ mod tests {
         let (shared, mut dropped, mut engine) = session();
         let peer = uid("10.0.0.2:1").port(7);
         let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
-        // The daemon's notice: (local port, remote UID, remote port).
-        let mut notice = Vec::new();
-        notice.extend_from_slice(&80u16.to_be_bytes());
-        notice.extend_from_slice(&peer.uid.to_bytes());
-        notice.extend_from_slice(&peer.port.to_be_bytes());
-        let params = Params::Port(uniplane_dataplane::wire::PortParams {
-            flag: 0,
-            src_port: 0,
-            dst_port: 80,
-        });
-        let h = Header::new(
-            uid(DAEMON),
-            uid(ME),
-            WireRequest::new(ReqType::Close, params).unwrap(),
-        );
-        let payload = if ReqType::Close.carries_payload() {
-            Bytes::from(notice)
-        } else {
-            Bytes::new()
-        };
-        engine
-            .send(Message::new(h, payload).unwrap())
-            .await
-            .unwrap();
+        // Another connection on the same local port (a listener's).
+        let other = uid("10.0.0.3:1").port(9);
+        let mut kept = Connection::register(&shared, 80, other.uid, other.port);
+        engine.send(notice(80, peer, Status::Closed)).await.unwrap();
         assert!(conn.recv().await.is_none(), "the far end closed it");
         drop(conn);
         assert!(dropped.try_recv().is_err(), "nothing left to close");
+        // Only the connection the notice names ended.
+        engine
+            .send(Message::send(other, uid(ME).port(80), Bytes::from("still")).unwrap())
+            .await
+            .unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(2), kept.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.payload().as_ref(), b"still");
+    }
+
+    /// The daemon's NOTIFY of `peer`'s connection at local `port`.
+    fn notice(port: u16, peer: Endpoint, status: Status) -> Message {
+        notice_of(ReqType::Notify, port, peer, status)
+    }
+
+    fn notice_of(kind: ReqType, port: u16, peer: Endpoint, status: Status) -> Message {
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&port.to_be_bytes());
+        payload.extend_from_slice(&peer.uid.to_bytes());
+        payload.extend_from_slice(&peer.port.to_be_bytes());
+        let params = Params::Port(PortParams {
+            flag: status.to_u8(),
+            src_port: 0,
+            dst_port: port,
+        });
+        let mut h = Header::new(
+            uid(DAEMON),
+            uid(ME),
+            WireRequest::new(kind, params).unwrap(),
+        );
+        if status != Status::Ok {
+            h.flags = h.flags.with(MsgFlags::ERROR);
+        }
+        Message::new(h, Bytes::from(payload)).unwrap()
+    }
+
+    fn is_close(m: &Message, flag: u8) -> bool {
+        m.header().request.kind() == ReqType::Close && m.header().request.params().flag() == flag
+    }
+
+    #[tokio::test]
+    async fn a_dropped_connection_sends_its_close_behind_its_data_and_waits_for_the_ack() {
+        let (shared, mut dropped, mut engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        conn.send_bytes(Bytes::from("last words")).await.unwrap();
+        drop(conn);
+        let closing = dropped.recv().await.unwrap();
+        let closer = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.close_in_band(closing).await }
+        });
+        let data = next(&mut engine).await;
+        assert_eq!(data.payload().as_ref(), b"last words");
+        let fin = next(&mut engine).await;
+        assert!(is_close(&fin, FIN), "{:?}", fin.header());
+        assert_eq!((fin.header().src, fin.header().dst), (uid(ME), peer.uid));
+        assert_eq!(fin.header().request.ports(), Some((80, 7)));
+        assert!(!closer.is_finished(), "waits for the far end");
+        // Data the far end still sends is not taken for a new connection.
+        let _listener = shared_listen(&shared, 80);
+        engine
+            .send(Message::send(peer, uid(ME).port(80), Bytes::from("late")).unwrap())
+            .await
+            .unwrap();
+        let ack = close_message(peer.uid, (7, uid(ME), 80), FIN_ACK).unwrap();
+        engine.send(ack).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(2), closer)
+            .await
+            .expect("the ack ends the wait")
+            .unwrap();
+        assert!(shared.routes().conns.is_empty(), "late data opened nothing");
+        assert!(shared.routes().closing.is_empty());
+    }
+
+    /// A listener's accept queue registered directly (no daemon here).
+    fn shared_listen(shared: &Arc<Shared>, port: u16) -> Listener {
+        let (tx, rx) = mpsc::channel(4);
+        shared.routes().listeners.insert(port, tx);
+        Listener::new(port, rx)
+    }
+
+    #[tokio::test]
+    async fn the_far_ends_close_ends_the_stream_after_its_data_and_is_acknowledged() {
+        let (shared, mut dropped, mut engine) = session();
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = Connection::register(&shared, 80, peer.uid, peer.port);
+        let data = Message::send(peer, uid(ME).port(80), Bytes::from("before")).unwrap();
+        engine.send(data).await.unwrap();
+        let fin = close_message(peer.uid, (7, uid(ME), 80), FIN).unwrap();
+        engine.send(fin).await.unwrap();
+        let m = conn.recv().await.unwrap().unwrap();
+        assert_eq!(m.payload().as_ref(), b"before");
+        assert!(conn.recv().await.is_none(), "the stream ends");
+        let ack = next(&mut engine).await;
+        assert!(is_close(&ack, FIN_ACK), "{:?}", ack.header());
+        assert_eq!(ack.header().dst, peer.uid);
+        assert_eq!(ack.header().request.ports(), Some((80, 7)));
+        drop(conn);
+        assert!(dropped.try_recv().is_err(), "the far end closes it");
+    }
+
+    #[tokio::test]
+    async fn data_before_the_daemons_notice_opens_the_connection_once() {
+        let (shared, _dropped, mut engine) = session();
+        let mut listener = shared_listen(&shared, 80);
+        let peer = uid("10.0.0.2:1").port(7);
+        engine
+            .send(Message::send(peer, uid(ME).port(80), Bytes::from("early")).unwrap())
+            .await
+            .unwrap();
+        let mut conn = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(conn.remote(), peer);
+        let m = conn.recv().await.unwrap().unwrap();
+        assert_eq!(m.payload().as_ref(), b"early");
+        // The notice comes after: no second connection.
+        let connect = notice_of(ReqType::Connect, 80, peer, Status::Ok);
+        engine.send(connect).await.unwrap();
+        engine
+            .send(Message::send(peer, uid(ME).port(80), Bytes::from("next")).unwrap())
+            .await
+            .unwrap();
+        let m = conn.recv().await.unwrap().unwrap();
+        assert_eq!(m.payload().as_ref(), b"next");
+        assert!(listener.try_accept().is_none(), "one connection only");
     }
 }

@@ -384,7 +384,7 @@ fn a_peer_may_connect_to_a_listening_resource_and_is_refused_otherwise() {
     });
     assert_eq!(
         h.notices(),
-        vec![(server, ReqType::Close, key.reversed(), Status::Closed)]
+        vec![(server, ReqType::Notify, key.reversed(), Status::Closed)]
     );
     assert!(h
         .sent_to_peer()

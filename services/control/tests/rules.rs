@@ -143,8 +143,8 @@ fn closing_a_connection_tells_both_local_ends_and_removes_its_entries() {
     let mut notices = h.notices();
     notices.sort_by_key(|n| n.0);
     let mut want = vec![
-        (client, ReqType::Close, key, Status::Closed),
-        (server, ReqType::Close, key.reversed(), Status::Closed),
+        (client, ReqType::Notify, key, Status::Closed),
+        (server, ReqType::Notify, key.reversed(), Status::Closed),
     ];
     want.sort_by_key(|n| n.0);
     assert_eq!(notices, want);
@@ -181,7 +181,7 @@ fn a_client_that_goes_away_frees_its_resource_routes_and_connections() {
     assert_eq!(h.core.connections().count(), 0);
     assert_eq!(
         h.notices(),
-        vec![(client, ReqType::Close, key, Status::Closed)]
+        vec![(client, ReqType::Notify, key, Status::Closed)]
     );
     assert_eq!(h.plane.ports.len(), ports_before - 1);
     for port in h.plane.ports.values() {

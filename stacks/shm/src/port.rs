@@ -204,6 +204,9 @@ impl ShmPort {
         if self.failed.is_some() {
             return;
         }
+        if self.stalled.is_some() && self.unstall() {
+            self.publish();
+        }
         let inbox = &mut self.inbox;
         let drained = self.rbuf.drain(
             &mut self.rx,
@@ -237,6 +240,36 @@ impl ShmPort {
                 // either way it cannot go out.
                 self.discarded += 1;
                 true
+            }
+        }
+    }
+
+    /// Retries the output message held back while ring 1 was full. The
+    /// engine counted it as sent and queues nothing more for this port, so
+    /// it never polls this port's output again on its own: the retry runs
+    /// from [`PortIo::poll_available`], which the engine polls on every
+    /// port before it parks. When ring 1 is still full, the producer's
+    /// waiting flag goes up, so the application's release rings the space
+    /// bell, which wakes the engine (the waker is registered first).
+    fn retry_stalled(&mut self) {
+        while let Some(len) = self.stalled.as_ref().map(Message::encoded_len) {
+            if self.unstall() {
+                self.publish();
+                return;
+            }
+            if self.output_dead() {
+                self.stalled = None;
+                self.discarded += 1;
+                return;
+            }
+            match self.tx.park(&self.mem, len) {
+                // Room appeared meanwhile: the flag is down again; retry.
+                Ok(true) => continue,
+                Ok(false) => return,
+                Err(e) => {
+                    self.failed = Some(e);
+                    return;
+                }
             }
         }
     }
@@ -292,6 +325,7 @@ impl PortIo for ShmPort {
             return Poll::Ready(false);
         }
         self.shared.waker.register(cx.waker());
+        self.retry_stalled();
         match self.rx.park(&self.mem) {
             Ok(true) => return Poll::Ready(true),
             Ok(false) => {}
@@ -556,6 +590,42 @@ mod tests {
         drop(port);
         assert_eq!(bell.await.unwrap(), ShmPortEnd::Detached);
         assert!(link.next().await.is_none(), "the client sees the port go");
+    }
+
+    /// The engine counts a message the full ring held back as sent and
+    /// has nothing more for the port: parking on the port's input must
+    /// still get it out once the client makes room.
+    #[tokio::test]
+    async fn a_message_held_back_by_a_full_ring_goes_out_after_the_engine_parks() {
+        let (mut link, mut port, bell) = ShmPort::pair(&small(), &ShmConfig::default())
+            .await
+            .unwrap();
+        let _bell = tokio::spawn(bell);
+        let mut n = 0u32;
+        while port.free() > 0 {
+            port.push(msg(n, 4000)).unwrap();
+            n += 1;
+        }
+        port.flush();
+        let counter = Arc::new(Counter::default());
+        let waker = std::task::Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(port.poll_available(&mut cx).is_pending(), "no input: park");
+        for i in 0..n - 1 {
+            assert_eq!(link.next().await.unwrap().unwrap().header().seqnum, i);
+        }
+        until("the space bell's wake-up", || {
+            counter.0.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        assert!(port.poll_available(&mut cx).is_pending());
+        let last = tokio::time::timeout(Duration::from_secs(2), link.next())
+            .await
+            .expect("the held-back message arrives")
+            .unwrap()
+            .unwrap();
+        assert_eq!(last.header().seqnum, n - 1);
+        assert_eq!(port.discarded(), 0);
     }
 
     #[tokio::test]

@@ -207,11 +207,11 @@ impl Control {
                 continue;
             };
             if r.kind == ResourceKind::Process {
-                let kind = if status == Status::Closed {
-                    ReqType::Close
-                } else {
-                    ReqType::Notify
-                };
+                // NOTIFY, whatever the status: its payload names the
+                // connection, so a process with many connections on one
+                // port (a server) ends only this one. (CLOSE carries no
+                // payload: the process could tell only the port.)
+                let kind = ReqType::Notify;
                 let conn = if end == key.src { key } else { key.reversed() };
                 self.actions.push_back(Action::Notice {
                     to: end,
