@@ -40,9 +40,13 @@ pub enum Kind {
     Fin = 4,
     /// Flow control: the receiver consumed `value` bytes of its window.
     Credit = 5,
-    /// Connection setup: the acceptor's world rank; nothing is sent on a
-    /// fresh connection before it arrives.
+    /// Connection setup, connector to acceptor: "are you there?" (the
+    /// connector's world rank); answered with [`Kind::Welcome`].
     Hello = 6,
+    /// Connection setup, acceptor to connector: the acceptor's world rank.
+    /// Sent on accepting and in answer to every [`Kind::Hello`]; the
+    /// connector sends no data before one arrives.
+    Welcome = 7,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             4 => Kind::Fin,
             5 => Kind::Credit,
             6 => Kind::Hello,
+            7 => Kind::Welcome,
             _ => return None,
         })
     }

@@ -201,7 +201,14 @@ impl Peer {
     }
 
     /// A peer reached over `conn` (set up and greeted already).
-    pub(crate) fn over(rank: usize, conn: Connection, limits: Limits, stats: Arc<Stats>) -> Peer {
+    /// `me` is this process's world rank (for answering a late HELLO).
+    pub(crate) fn over(
+        me: usize,
+        rank: usize,
+        conn: Connection,
+        limits: Limits,
+        stats: Arc<Stats>,
+    ) -> Peer {
         let inbox: Arc<Inbox> = Arc::default();
         let credits = Arc::new(Semaphore::new(limits.window as usize));
         let (out, out_rx) = mpsc::channel(256);
@@ -218,6 +225,8 @@ impl Peer {
             stats,
             limits,
             partial: None,
+            me: me as u64,
+            answer: None,
         }));
         Peer {
             rank,
@@ -446,6 +455,10 @@ struct Pump {
     stats: Arc<Stats>,
     limits: Limits,
     partial: Option<Partial>,
+    /// This process's world rank.
+    me: u64,
+    /// A control frame to send before anything else (a WELCOME).
+    answer: Option<Bytes>,
 }
 
 /// Moves one connection's frames both ways until it closes or the rank
@@ -457,7 +470,14 @@ async fn pump(mut p: Pump) {
             m = p.conn.recv() => match m {
                 None => break "the connection closed".to_string(),
                 Some(Err(e)) => break e.to_string(),
-                Some(Ok(m)) => p.handle(m),
+                Some(Ok(m)) => {
+                    p.handle(m);
+                    if let Some(f) = p.answer.take() {
+                        if let Err(e) = p.send(vec![f]).await {
+                            break e;
+                        }
+                    }
+                }
             },
             batch = p.out.recv() => match batch {
                 None => break "the communicator was dropped".to_string(),
@@ -514,7 +534,12 @@ impl Pump {
                 }
                 self.credits.add_permits(f.value as usize);
             }
-            Kind::Hello => self.malformed("a second hello"),
+            // The connector asks again when our first WELCOME was slow or
+            // lost: answer every time; duplicates of ours are harmless.
+            Kind::Hello => {
+                self.answer = Some(frame::control(Kind::Welcome, f.key, self.me));
+            }
+            Kind::Welcome => {}
         }
     }
 
