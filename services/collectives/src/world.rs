@@ -133,7 +133,7 @@ pub struct Options {
     /// How long joining may take (all ranks must have started by then).
     pub setup_timeout: Duration,
     /// Receive window per peer in bytes: what a peer may have buffered
-    /// here before it waits for credit.
+    /// here before it waits for credit (kept between 4 KiB and 1 GiB).
     pub window: u64,
     /// Eager threshold in bytes (see
     /// [`Communicator::set_eager_threshold`]); at most half the window
@@ -263,7 +263,7 @@ pub async fn join(
     drop(listener);
 
     let limits = Limits {
-        window: options.window.max(4 * 1024),
+        window: options.window.clamp(4 * 1024, 1 << 30),
         timeout: options.timeout,
     };
     let stats = Arc::new(Stats::default());
