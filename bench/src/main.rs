@@ -105,6 +105,9 @@ struct CollectivesArgs {
     /// The uniplaned binary (default: the one next to this program).
     #[arg(long)]
     uniplaned: Option<PathBuf>,
+    /// Draw latency against size, one line per library (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1361,6 +1364,34 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         if let Some(why) = r[lib].as_str() {
             println!("  {lib}: {why}");
         }
+    }
+    if let Some(path) = &a.plot {
+        let line = |key: &str| -> Vec<(f64, f64)> {
+            r["points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some((p["size"].as_f64()?, p[key].as_f64()?)))
+                .collect()
+        };
+        let lines = [
+            ("uniplane", line("uniplane_us")),
+            ("OpenMPI", line("openmpi_us")),
+            ("MPICH", line("mpich_us")),
+        ];
+        let lines: Vec<(&str, Vec<(f64, f64)>)> =
+            lines.into_iter().filter(|(_, v)| !v.is_empty()).collect();
+        let title = format!("{} with {} ranks over {}", a.op, a.ranks, a.stack);
+        plot::draw(
+            path,
+            &Chart::LogLog {
+                title: &title,
+                x_label: "bytes per rank",
+                y_label: "µs per call (avg)",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
     }
     let params = json!({ "op": a.op, "ranks": a.ranks, "sizes": sizes, "stack": a.stack, "wait": a.wait, "iterations": a.iterations, "eager": a.eager });
     emit(cli.json, &Report::new("collectives", params, r))
