@@ -38,10 +38,23 @@ async fn check(comms: &[Communicator], c: Collective, alg: Algorithm, count: usi
                 let mut buf = if r == root { mine } else { vec![0; count] };
                 comm.bcast(&mut buf, root).await.map(|()| buf)
             }
-            Collective::Reduce => comm
-                .reduce(&mine, Op::Sum, root)
-                .await
-                .map(Option::unwrap_or_default),
+            Collective::Reduce => {
+                let a = comm.reduce(&mine, Op::Sum, root).await;
+                let mut b = mine.clone();
+                let b = comm
+                    .reduce_in_place(&mut b, Op::Sum, root)
+                    .await
+                    .map(|()| b);
+                match (a, b) {
+                    (Ok(a), Ok(b)) => {
+                        if r == root {
+                            assert_eq!(a.as_deref(), Some(&b[..]), "in place differs");
+                        }
+                        Ok(a.unwrap_or_default())
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                }
+            }
             Collective::Allreduce => {
                 let a = comm.allreduce(&mine, Op::Max).await;
                 let mut b = mine.clone();
@@ -68,7 +81,18 @@ async fn check(comms: &[Communicator], c: Collective, alg: Algorithm, count: usi
                 }
             }
             Collective::ReduceScatter => comm.reduce_scatter(&inputs(r, count * n), Op::Sum).await,
-            Collective::Alltoall => comm.alltoall(&inputs(r, count * n)).await,
+            Collective::Alltoall => {
+                let a = comm.alltoall(&inputs(r, count * n)).await;
+                let mut b = inputs(r, count * n);
+                let b = comm.alltoall_in_place(&mut b).await.map(|()| b);
+                match (a, b) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a, b, "in place differs");
+                        Ok(a)
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                }
+            }
             Collective::Gather => comm
                 .gather(&mine, root)
                 .await
