@@ -20,6 +20,10 @@ NEEDS=(
   "sockperf:sockperf"
   "fc-list:fontconfig"
   "protoc:protobuf-compiler"
+  "mpicc.openmpi:libopenmpi-dev"
+  "mpirun.openmpi:openmpi-bin"
+  "mpicc.mpich:libmpich-dev"
+  "mpirun.mpich:mpich"
 )
 
 missing=()

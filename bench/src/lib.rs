@@ -23,6 +23,8 @@
 //!   daemons and the sealed tunnel between them, beside the stack alone.
 //! - [`rpc`]: unary RPC through uniplane (native or tonic) beside tonic
 //!   over TCP loopback.
+//! - [`collectives`]: OSU-style collective latency through
+//!   uniplane-collectives beside OpenMPI and MPICH.
 //!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
@@ -31,6 +33,7 @@
 
 pub mod args;
 pub mod clock;
+pub mod collectives;
 pub mod engine;
 mod error;
 pub mod fabric;

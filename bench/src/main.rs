@@ -71,6 +71,9 @@ enum Command {
     /// Unary RPC of one Echo service through uniplane (native frames or
     /// tonic over the byte-stream adapter) beside tonic over TCP loopback.
     Rpc(RpcArgs),
+    /// OSU-style latency of one collective through uniplane-collectives
+    /// beside OpenMPI and MPICH, same sizes and rank counts.
+    Collectives(CollectivesArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -78,6 +81,40 @@ enum Command {
         /// Where to write them.
         dir: std::path::PathBuf,
     },
+}
+
+#[derive(Args)]
+struct CollectivesArgs {
+    /// The collective (int32 sums for reductions).
+    #[arg(long, default_value = "allreduce", value_parser = ["allreduce", "bcast", "reduce", "allgather", "alltoall", "barrier"])]
+    op: String,
+    /// Ranks.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=16))]
+    ranks: u32,
+    /// Bytes per rank (per block for allgather/alltoall): `8..4M` doubles.
+    #[arg(long, default_value = "8..4M")]
+    sizes: String,
+    /// Timed calls per size (0: by size, 1000 to 40).
+    #[arg(long, default_value_t = 0)]
+    iterations: usize,
+    /// shm: one daemon; tcp or ltl: two daemons peered over that tunnel, ranks alternating.
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp", "ltl"])]
+    stack: String,
+    /// busy: sessions and engine poll (as MPI does); park: sessions park at once, the engine spins then parks.
+    #[arg(long, default_value = "busy", value_parser = ["busy", "park"])]
+    wait: String,
+    /// Eager threshold of the uniplane side in bytes (default 64 KiB).
+    #[arg(long)]
+    eager: Option<usize>,
+    /// Skip OpenMPI and MPICH.
+    #[arg(long)]
+    no_mpi: bool,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
+    /// Draw latency against size, one line per library (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1288,6 +1325,85 @@ fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("rpc", params, r))
 }
 
+fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
+    use uniplane_bench::collectives::{run_collectives, CollConfig, CollOp};
+    use uniplane_bench::path::WaitMode;
+    let sizes = uniplane_bench::collectives::parse_sizes(&a.sizes)
+        .map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
+    let cfg = CollConfig {
+        op: CollOp::parse(&a.op).unwrap_or(CollOp::Allreduce),
+        ranks: a.ranks as usize,
+        sizes: sizes.clone(),
+        iterations: a.iterations,
+        wait: if a.wait == "park" {
+            WaitMode::Park
+        } else {
+            WaitMode::Busy
+        },
+        uniplaned: a.uniplaned.clone(),
+        mpi: !a.no_mpi,
+        eager_threshold: a.eager,
+        stack: a.stack.clone(),
+    };
+    let r = run_collectives(&cfg)?;
+    let us = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
+    println!(
+        "{} with {} ranks over {}, wait {} (avg µs over ranks; CPU µs per op, all ranks):",
+        a.op, a.ranks, a.stack, a.wait
+    );
+    println!(
+        "  {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "size", "uniplane", "OpenMPI", "MPICH", "cpu:ours", "cpu:ompi", "cpu:mpich"
+    );
+    for p in r["points"].as_array().into_iter().flatten() {
+        println!(
+            "  {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            p["size"].as_u64().unwrap_or(0),
+            us(&p["uniplane_us"]),
+            us(&p["openmpi_us"]),
+            us(&p["mpich_us"]),
+            us(&p["cpu_us_per_op"]["uniplane"]),
+            us(&p["cpu_us_per_op"]["openmpi"]),
+            us(&p["cpu_us_per_op"]["mpich"]),
+        );
+    }
+    for lib in ["openmpi", "mpich"] {
+        if let Some(why) = r[lib].as_str() {
+            println!("  {lib}: {why}");
+        }
+    }
+    if let Some(path) = &a.plot {
+        let line = |key: &str| -> Vec<(f64, f64)> {
+            r["points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some((p["size"].as_f64()?, p[key].as_f64()?)))
+                .collect()
+        };
+        let lines = [
+            ("uniplane", line("uniplane_us")),
+            ("OpenMPI", line("openmpi_us")),
+            ("MPICH", line("mpich_us")),
+        ];
+        let lines: Vec<(&str, Vec<(f64, f64)>)> =
+            lines.into_iter().filter(|(_, v)| !v.is_empty()).collect();
+        let title = format!("{} with {} ranks over {}", a.op, a.ranks, a.stack);
+        plot::draw(
+            path,
+            &Chart::LogLog {
+                title: &title,
+                x_label: "bytes per rank",
+                y_label: "µs per call (avg)",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
+    let params = json!({ "op": a.op, "ranks": a.ranks, "sizes": sizes, "stack": a.stack, "wait": a.wait, "iterations": a.iterations, "eager": a.eager });
+    emit(cli.json, &Report::new("collectives", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1303,6 +1419,7 @@ fn main() -> ExitCode {
         Command::Path(a) => path(&cli, a),
         Command::Tunnel(a) => tunnel(&cli, a),
         Command::Rpc(a) => rpc(&cli, a),
+        Command::Collectives(a) => collectives(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)

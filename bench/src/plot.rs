@@ -58,6 +58,17 @@ pub enum Chart<'a> {
         /// The lines.
         lines: &'a [(&'a str, Vec<(f64, f64)>)],
     },
+    /// Several named lines on logarithmic axes (latency against size).
+    LogLog {
+        /// The chart's title.
+        title: &'a str,
+        /// The x axis label.
+        x_label: &'a str,
+        /// The y axis label.
+        y_label: &'a str,
+        /// The lines: (x, y) points, both positive.
+        lines: &'a [(&'a str, Vec<(f64, f64)>)],
+    },
 }
 
 const FONT: &str = "sans-serif";
@@ -211,6 +222,54 @@ fn render<DB: DrawingBackend>(
                 let color = Palette99::pick(i).to_rgba();
                 c.draw_series(LineSeries::new(
                     points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            }
+            c.configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }
+        Chart::LogLog {
+            title,
+            x_label,
+            y_label,
+            lines,
+        } => {
+            let all = || {
+                lines
+                    .iter()
+                    .flat_map(|(_, v)| v.iter())
+                    .filter(|p| p.0 > 0.0 && p.1 > 0.0)
+            };
+            if all().next().is_none() {
+                return Err("no samples".into());
+            }
+            let (x_min, x_max) =
+                all().fold((f64::MAX, 0.0f64), |(a, b), p| (a.min(p.0), b.max(p.0)));
+            let (y_min, y_max) =
+                all().fold((f64::MAX, 0.0f64), |(a, b), p| (a.min(p.1), b.max(p.1)));
+            let mut c = framed(root, title)
+                .build_cartesian_2d(
+                    (x_min..x_max * 1.1).log_scale(),
+                    (y_min * 0.8..y_max * 1.25).log_scale(),
+                )
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc(x_label)
+                .y_desc(y_label)
+                .draw()
+                .map_err(e)?;
+            for (i, (name, points)) in lines.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                c.draw_series(LineSeries::new(
+                    points.iter().copied().filter(|p| p.0 > 0.0 && p.1 > 0.0),
                     color.stroke_width(2),
                 ))
                 .map_err(e)?
