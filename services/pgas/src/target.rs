@@ -711,3 +711,142 @@ fn reply(head: &Head, refusal: Option<Refusal>) -> Reply {
         data: Bytes::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::Acl;
+
+    fn setup() -> (SoftTarget, Inbound, Arc<SegmentMemory>, Arc<TargetCounters>) {
+        let progress = Arc::new(Progress::default());
+        let target = SoftTarget::new(progress.clone());
+        let seg = Arc::new(SegmentMemory::new(64, Acl::ReadWrite));
+        target.segments.write().unwrap().insert(0, seg.clone());
+        let counters = Arc::new(TargetCounters::default());
+        let inbound = Inbound::new(1, 1 << 20, counters.clone(), progress);
+        (target, inbound, seg, counters)
+    }
+
+    fn long(token: u32, offset: u64, len: u32, part: &[u8]) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        Head {
+            token,
+            len,
+            ..Head::new(Kind::Long)
+        }
+        .put(&mut b);
+        Shape::Contiguous { offset }.put(&mut b);
+        b.extend_from_slice(part);
+        b.to_vec()
+    }
+
+    fn cont(part: &[u8]) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        Head::new(Kind::Cont).put(&mut b);
+        b.extend_from_slice(part);
+        b.to_vec()
+    }
+
+    #[test]
+    fn a_long_message_in_three_frames_lands_and_replies_once() {
+        let (target, mut inbound, seg, _) = setup();
+        let mut out = Vec::new();
+        inbound.on_frame(&target, &long(7, 10, 6, b"ab"), &mut out);
+        inbound.on_frame(&target, &cont(b"cd"), &mut out);
+        assert!(out.is_empty(), "no reply before the last frame");
+        inbound.on_frame(&target, &cont(b"ef"), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].token, out[0].refusal), (7, None));
+        assert_eq!(&seg.lock()[10..16], b"abcdef");
+    }
+
+    #[test]
+    fn garbage_and_stray_continuations_are_counted_and_dropped() {
+        let (target, mut inbound, seg, counters) = setup();
+        let mut out = Vec::new();
+        inbound.on_frame(&target, &[1, 2, 3], &mut out);
+        inbound.on_frame(&target, &[200; 40], &mut out);
+        inbound.on_frame(&target, &cont(b"zz"), &mut out);
+        assert!(out.is_empty(), "no token to answer");
+        assert_eq!(counters.snapshot().malformed, 3);
+        assert_eq!(*seg.lock(), vec![0; 64]);
+    }
+
+    #[test]
+    fn a_truncated_descriptor_is_refused_as_malformed_with_its_token() {
+        let (target, mut inbound, seg, counters) = setup();
+        let mut out = Vec::new();
+        let mut frame = long(9, 0, 4, b"abcd");
+        frame.truncate(HEADER_LEN + 5);
+        inbound.on_frame(&target, &frame, &mut out);
+        assert_eq!(
+            (out[0].token, out[0].refusal),
+            (9, Some(Refusal::Malformed))
+        );
+        assert_eq!(counters.snapshot().malformed, 1);
+        assert_eq!(*seg.lock(), vec![0; 64]);
+    }
+
+    #[test]
+    fn a_message_cut_short_by_the_next_is_refused_and_the_next_still_runs() {
+        let (target, mut inbound, seg, _) = setup();
+        let mut out = Vec::new();
+        inbound.on_frame(&target, &long(1, 0, 8, b"abcd"), &mut out);
+        inbound.on_frame(&target, &long(2, 32, 2, b"xy"), &mut out);
+        assert_eq!(
+            (out[0].token, out[0].refusal),
+            (1, Some(Refusal::Malformed))
+        );
+        assert_eq!((out[1].token, out[1].refusal), (2, None));
+        assert_eq!(&seg.lock()[32..34], b"xy");
+    }
+
+    #[test]
+    fn more_payload_than_announced_is_malformed_and_lands_nothing_more() {
+        let (target, mut inbound, seg, _) = setup();
+        let mut out = Vec::new();
+        inbound.on_frame(&target, &long(3, 0, 4, b"ab"), &mut out);
+        inbound.on_frame(&target, &cont(b"cdef"), &mut out);
+        assert_eq!(out[0].refusal, Some(Refusal::Malformed));
+        assert_eq!(&seg.lock()[..4], b"ab\0\0");
+    }
+
+    #[test]
+    fn the_rest_of_a_refused_message_is_discarded_not_run() {
+        let (target, mut inbound, seg, counters) = setup();
+        let mut out = Vec::new();
+        // 100 bytes at 0 do not fit 64: refused at the first frame.
+        inbound.on_frame(&target, &long(4, 0, 100, &[1; 50]), &mut out);
+        inbound.on_frame(&target, &cont(&[2; 50]), &mut out);
+        inbound.on_frame(&target, &long(5, 0, 1, b"k"), &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            (out[0].token, out[0].refusal),
+            (4, Some(Refusal::OutOfBounds))
+        );
+        assert_eq!((out[1].token, out[1].refusal), (5, None));
+        assert_eq!(
+            counters.snapshot().malformed,
+            0,
+            "the discarded rest is not malformed"
+        );
+        assert_eq!(&seg.lock()[..2], b"k\0");
+    }
+
+    #[test]
+    fn an_async_request_replies_only_when_refused() {
+        let (target, mut inbound, _, _) = setup();
+        let mut out = Vec::new();
+        let mut ok = long(6, 0, 1, b"a");
+        ok[1] = FLAG_ASYNC;
+        inbound.on_frame(&target, &ok, &mut out);
+        assert!(out.is_empty());
+        let mut bad = long(8, 64, 1, b"a");
+        bad[1] = FLAG_ASYNC;
+        inbound.on_frame(&target, &bad, &mut out);
+        assert_eq!(
+            (out[0].token, out[0].refusal),
+            (8, Some(Refusal::OutOfBounds))
+        );
+    }
+}
