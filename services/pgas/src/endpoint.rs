@@ -526,6 +526,19 @@ impl Endpoint {
         wait_for(p, || p.counter.load(Ordering::Acquire) >= n).await;
     }
 
+    /// What rank `source` added to the built-in counter.
+    pub fn counter_from(&self, source: usize) -> u64 {
+        let p = &self.inner.progress;
+        let from = p.counter_from.lock().unwrap_or_else(|e| e.into_inner());
+        from.get(&source).copied().unwrap_or(0)
+    }
+
+    /// Waits until rank `source` added at least `n` to the built-in
+    /// counter: a signal from one sender, whatever the others send.
+    pub async fn wait_counter_from(&self, source: usize, n: u64) {
+        wait_for(&self.inner.progress, || self.counter_from(source) >= n).await;
+    }
+
     /// OpenSHMEM's fence: messages to one target sent before it are
     /// processed there before those sent after. Each target's requests
     /// travel on one ordered connection and are processed in order, so

@@ -67,6 +67,7 @@ use tokio::sync::Notify;
 mod endpoint;
 mod error;
 mod group;
+pub mod jacobi;
 pub mod segment;
 pub mod target;
 pub mod wire;
@@ -90,5 +91,7 @@ pub(crate) struct Progress {
     pub(crate) mem: AtomicU64,
     /// The built-in counter handler's total.
     pub(crate) counter: AtomicU64,
+    /// The built-in counter's total by sending rank.
+    pub(crate) counter_from: std::sync::Mutex<rustc_hash::FxHashMap<usize, u64>>,
     pub(crate) notify: Notify,
 }

@@ -232,6 +232,13 @@ impl Target for SoftTarget {
         match id {
             HANDLER_NONE => Ok(Bytes::new()),
             HANDLER_COUNTER => {
+                *self
+                    .progress
+                    .counter_from
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(call.source)
+                    .or_insert(0) += call.arg;
                 self.progress.counter.fetch_add(call.arg, Ordering::AcqRel);
                 self.progress.notify.notify_waiters();
                 Ok(Bytes::new())
