@@ -20,6 +20,8 @@ NEEDS=(
   "sockperf:sockperf"
   "fc-list:fontconfig"
   "protoc:protobuf-compiler"
+  "oshcc:libopenmpi-dev"
+  "oshrun:openmpi-bin"
 )
 
 missing=()

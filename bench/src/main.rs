@@ -71,6 +71,32 @@ enum Command {
     /// Unary RPC of one Echo service through uniplane (native frames or
     /// tonic over the byte-stream adapter) beside tonic over TCP loopback.
     Rpc(RpcArgs),
+    /// PGAS active messages (uniplane-pgas) beside OpenSHMEM, same sizes.
+    Pgas(PgasArgs),
+}
+
+#[derive(Args)]
+struct PgasArgs {
+    /// short: active message round trip; put: put-with-signal round trip;
+    /// get; atomic: 64-bit fetch-add.
+    #[arg(long, default_value = "put", value_parser = ["short", "put", "get", "atomic"])]
+    op: String,
+    /// shm: both endpoints on one daemon (the only stack so far).
+    #[arg(long, default_value = "shm", value_parser = ["shm"])]
+    stack: String,
+    /// Payload sizes (put, get): sizes and FROM..TO ranges that double,
+    /// with K or M suffixes, e.g. 8..4M or 8,4K,1M.
+    #[arg(long, default_value = "8..4M")]
+    sizes: String,
+    /// busy: sessions and engine poll; park: sessions sleep when idle, the engine spins then sleeps.
+    #[arg(long, default_value = "park", value_parser = ["busy", "park"])]
+    wait: String,
+    /// Skip the OpenSHMEM side.
+    #[arg(long)]
+    no_openshmem: bool,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1281,6 +1307,58 @@ fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("rpc", params, r))
 }
 
+fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
+    use uniplane_bench::path::WaitMode;
+    use uniplane_bench::pgas::{parse_sizes, run_pgas, PgasConfig, PgasOp};
+    let sizes = parse_sizes(&a.sizes).map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
+    let cfg = PgasConfig {
+        op: match a.op.as_str() {
+            "short" => PgasOp::Short,
+            "get" => PgasOp::Get,
+            "atomic" => PgasOp::Atomic,
+            _ => PgasOp::Put,
+        },
+        sizes: sizes.clone(),
+        wait: if a.wait == "busy" {
+            WaitMode::Busy
+        } else {
+            WaitMode::Park
+        },
+        uniplaned: a.uniplaned.clone(),
+        openshmem: !a.no_openshmem,
+    };
+    let r = run_pgas(&cfg)?;
+    println!(
+        "pgas {} over {}, wait {} (median µs):",
+        a.op, a.stack, a.wait
+    );
+    println!(
+        "  {:>9} {:>12} {:>12} {:>7}",
+        "size", "uniplane", "OpenSHMEM", "ratio"
+    );
+    for p in r["points"].as_array().into_iter().flatten() {
+        let u = p["uniplane_us"].as_f64();
+        let o = p["openshmem_us"].as_f64();
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
+        let ratio = u.zip(o).map(|(u, o)| u / o);
+        println!(
+            "  {:>9} {:>12} {:>12} {:>7}",
+            p["size"],
+            f(u),
+            f(o),
+            ratio.map_or("-".to_string(), |x| format!("{x:.2}x"))
+        );
+    }
+    if let Some(p50) = r["rtt_ns"]["p50"].as_u64() {
+        println!(
+            "  short round trip p50 {p50} ns, p99 {} ns",
+            r["rtt_ns"]["p99"]
+        );
+    }
+    let params = json!({ "op": a.op, "stack": a.stack, "sizes": sizes, "wait": a.wait });
+    emit(cli.json, &Report::new("pgas", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1296,6 +1374,7 @@ fn main() -> ExitCode {
         Command::Path(a) => path(&cli, a),
         Command::Tunnel(a) => tunnel(&cli, a),
         Command::Rpc(a) => rpc(&cli, a),
+        Command::Pgas(a) => pgas(&cli, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

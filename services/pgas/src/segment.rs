@@ -165,7 +165,7 @@ impl SegmentMemory {
     /// Runs `op` on the word at `offset` under the segment's lock: what
     /// makes atomics linearizable against each other and local access.
     pub(crate) fn atomic(&self, offset: u64, width: Width, op: AtomicOp) -> Result<u64, Refusal> {
-        if offset % width.bytes() as u64 != 0 {
+        if !offset.is_multiple_of(width.bytes() as u64) {
             return Err(Refusal::Misaligned);
         }
         let mut bytes = self.lock();

@@ -414,19 +414,20 @@ async fn a_barrier_completes_every_put_before_it_everywhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_target_that_stops_processing_pushes_back_on_its_sender() {
-    let gate = Arc::new(Mutex::new(()));
+    // Closed until the test opens it: the handler blocks the target.
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
     let options = Options::default();
     let credit = options.credit_bytes as u64;
     let s = group_with("pushback", 2, options, |ep| {
         let gate = gate.clone();
         ep.register_handler(50, move |_| {
-            drop(gate.lock().unwrap());
+            let (open, cv) = &*gate;
+            let _open = cv.wait_while(open.lock().unwrap(), |o| !*o).unwrap();
             Bytes::new()
         })
         .unwrap();
     })
     .await;
-    let closed = gate.lock().unwrap();
     let sent = Arc::new(AtomicU64::new(0));
     let sender = {
         let sent = sent.clone();
@@ -451,7 +452,8 @@ async fn a_target_that_stops_processing_pushes_back_on_its_sender() {
     .await;
     assert_eq!(sent.load(Ordering::SeqCst), window);
     assert!(!sender.is_finished());
-    drop(closed);
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
     within("drain", sender).await.unwrap();
     within("quiet", s.eps[0].quiet()).await.unwrap();
     assert_eq!(
