@@ -78,8 +78,9 @@ enum Command {
 #[derive(Args)]
 struct PgasArgs {
     /// short: active message round trip; put: put-with-signal round trip;
-    /// get; atomic: 64-bit fetch-add.
-    #[arg(long, default_value = "put", value_parser = ["short", "put", "get", "atomic"])]
+    /// get; atomic: 64-bit fetch-add; put-quiet: long message + quiet;
+    /// window: one-sided WRITEs into a window, completed.
+    #[arg(long, default_value = "put", value_parser = ["short", "put", "get", "atomic", "put-quiet", "window"])]
     op: String,
     /// shm: both endpoints on one daemon (the only stack so far).
     #[arg(long, default_value = "shm", value_parser = ["shm"])]
@@ -1316,6 +1317,8 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
             "short" => PgasOp::Short,
             "get" => PgasOp::Get,
             "atomic" => PgasOp::Atomic,
+            "put-quiet" => PgasOp::PutQuiet,
+            "window" => PgasOp::Window,
             _ => PgasOp::Put,
         },
         sizes: sizes.clone(),

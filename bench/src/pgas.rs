@@ -17,6 +17,12 @@
 //!   put, fence, atomic set of a flag, and `wait_until` on the flag.
 //! - `get`: a get of `size` bytes (`shmem_getmem`).
 //! - `atomic`: a 64-bit fetch-add at rank 1 (`shmem_long_atomic_fetch_add`).
+//! - `put-quiet`: a long message and its completion (`shmem_putmem` +
+//!   `shmem_quiet`).
+//! - `window`: the same bytes written with the client library's one-sided
+//!   WRITEs into a memory window of rank 1 (64 KiB − 1 per WRITE, 4 in
+//!   flight), each completed: the alternative to long messages, measured
+//!   to choose between them (against `shmem_putmem` + `shmem_quiet`).
 //!
 //! The daemon is a `uniplaned` process started here (the one next to this
 //! program); each rank runs on its own OS thread with a current-thread
@@ -30,6 +36,7 @@ use std::process::Command;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
+use futures_util::{StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use uniplane_client::{Client, DataPathOptions, Wait};
@@ -50,6 +57,10 @@ pub enum PgasOp {
     Get,
     /// 64-bit fetch-add.
     Atomic,
+    /// Long message and its completion.
+    PutQuiet,
+    /// One-sided WRITEs into a window, completed.
+    Window,
 }
 
 impl PgasOp {
@@ -60,12 +71,14 @@ impl PgasOp {
             PgasOp::Put => "put",
             PgasOp::Get => "get",
             PgasOp::Atomic => "atomic",
+            PgasOp::PutQuiet => "put-quiet",
+            PgasOp::Window => "window",
         }
     }
 
     /// Whether the payload size matters.
     fn sized(self) -> bool {
-        matches!(self, PgasOp::Put | PgasOp::Get)
+        !matches!(self, PgasOp::Short | PgasOp::Atomic)
     }
 }
 
@@ -143,6 +156,9 @@ fn rounds(size: usize) -> usize {
 
 const WARMUP: usize = 10;
 
+/// Each rank's credit at the other (`Options::credit_bytes`).
+const CREDIT_BYTES: u32 = 512 << 10;
+
 fn err(what: impl std::fmt::Display) -> BenchError {
     BenchError::Config(format!("pgas: {what}"))
 }
@@ -212,7 +228,13 @@ async fn endpoint(dir: &Path, name: &str, wait: WaitMode, max: usize) -> Result<
         .attach_with(name, DataPathOptions { wait })
         .await
         .map_err(|e| e.to_string())?;
-    let ep = Endpoint::bind(session, Options::default())
+    // Two ranks: each may fill half of the other's 1 MiB ring.
+    let options = Options {
+        credit_bytes: CREDIT_BYTES,
+        get_window: 8,
+        ..Options::default()
+    };
+    let ep = Endpoint::bind(session, options)
         .await
         .map_err(|e| e.to_string())?;
     ep.register_segment(max, Acl::ReadWrite);
@@ -237,6 +259,8 @@ fn measure_uniplane(
         let rt = runtime().map_err(|e| e.to_string())?;
         rt.block_on(async move {
             let ep = endpoint(&dir1, "pgas-rank1", wait, max).await?;
+            // The first window of a session starts at address 0.
+            let _window = ep.session().register_window(max);
             uid_tx.send(ep.uid()).map_err(|e| e.to_string())?;
             let group = tokio::task::spawn_blocking(move || group_rx.recv())
                 .await
@@ -261,62 +285,83 @@ fn measure_uniplane(
         })
     });
     let rt = runtime()?;
-    let result = rt.block_on(async {
-        let ep = endpoint(dir, "pgas-rank0", wait, max).await.map_err(err)?;
-        let other =
-            tokio::task::spawn_blocking(move || uid_rx.recv_timeout(Duration::from_secs(20)))
-                .await
-                .map_err(err)?
-                .map_err(|_| err("rank 1 did not start"))?;
-        let group = Group::new(vec![ep.uid(), other]);
-        group_tx.send(group.clone()).map_err(err)?;
-        ep.join(group).await.map_err(err)?;
-        let data = vec![0xa5; max];
-        let mut medians = Vec::new();
-        let mut hist = LatencyHistogram::new();
-        let mut seq = 0u64;
-        let mut replies = 0u64;
-        for &size in sizes {
-            hist = LatencyHistogram::new();
-            let mut times = Vec::with_capacity(rounds(size));
-            for round in 0..WARMUP + rounds(size) {
-                let t0 = Instant::now();
-                match op {
-                    PgasOp::Short => {
-                        ep.short(1, Call::NONE, Completion::Reply)
-                            .await
-                            .map_err(err)?;
-                        replies += 1;
-                        ep.wait_replies(replies).await.map_err(err)?;
+    let result =
+        rt.block_on(async {
+            let ep = endpoint(dir, "pgas-rank0", wait, max).await.map_err(err)?;
+            let other =
+                tokio::task::spawn_blocking(move || uid_rx.recv_timeout(Duration::from_secs(20)))
+                    .await
+                    .map_err(err)?
+                    .map_err(|_| err("rank 1 did not start"))?;
+            let group = Group::new(vec![ep.uid(), other]);
+            group_tx.send(group.clone()).map_err(err)?;
+            ep.join(group).await.map_err(err)?;
+            let data = vec![0xa5; max];
+            let mut medians = Vec::new();
+            let mut hist = LatencyHistogram::new();
+            let mut seq = 0u64;
+            let mut replies = 0u64;
+            for &size in sizes {
+                hist = LatencyHistogram::new();
+                let mut times = Vec::with_capacity(rounds(size));
+                for round in 0..WARMUP + rounds(size) {
+                    let t0 = Instant::now();
+                    match op {
+                        PgasOp::Short => {
+                            ep.short(1, Call::NONE, Completion::Reply)
+                                .await
+                                .map_err(err)?;
+                            replies += 1;
+                            ep.wait_replies(replies).await.map_err(err)?;
+                        }
+                        PgasOp::Put => {
+                            seq += 1;
+                            ep.long(1, 0, 0, &data[..size], Call::counter(1), Completion::Async)
+                                .await
+                                .map_err(err)?;
+                            ep.wait_counter_from(1, seq).await;
+                        }
+                        PgasOp::Get => {
+                            ep.get(1, 0, 0, size).await.map_err(err)?;
+                        }
+                        PgasOp::Atomic => {
+                            ep.atomic(1, 0, 0, Width::W64, AtomicOp::FetchAdd(1))
+                                .await
+                                .map_err(err)?;
+                        }
+                        PgasOp::PutQuiet => {
+                            ep.long(1, 0, 0, &data[..size], Call::NONE, Completion::Async)
+                                .await
+                                .map_err(err)?;
+                            ep.quiet().await.map_err(err)?;
+                        }
+                        PgasOp::Window => {
+                            let session = ep.session();
+                            let writes = data[..size].chunks(u16::MAX as usize).enumerate().map(
+                                |(i, chunk)| {
+                                    let at = other.at((i * u16::MAX as usize) as u64);
+                                    session.write(at, bytes::Bytes::copy_from_slice(chunk))
+                                },
+                            );
+                            futures_util::stream::iter(writes)
+                                .buffered(4)
+                                .try_collect::<Vec<()>>()
+                                .await
+                                .map_err(err)?;
+                        }
                     }
-                    PgasOp::Put => {
-                        seq += 1;
-                        ep.long(1, 0, 0, &data[..size], Call::counter(1), Completion::Async)
-                            .await
-                            .map_err(err)?;
-                        ep.wait_counter_from(1, seq).await;
-                    }
-                    PgasOp::Get => {
-                        ep.get(1, 0, 0, size).await.map_err(err)?;
-                    }
-                    PgasOp::Atomic => {
-                        ep.atomic(1, 0, 0, Width::W64, AtomicOp::FetchAdd(1))
-                            .await
-                            .map_err(err)?;
+                    if round >= WARMUP {
+                        let ns = t0.elapsed().as_nanos() as u64;
+                        times.push(ns);
+                        hist.record(ns);
                     }
                 }
-                if round >= WARMUP {
-                    let ns = t0.elapsed().as_nanos() as u64;
-                    times.push(ns);
-                    hist.record(ns);
-                }
+                times.sort_unstable();
+                medians.push(times[times.len() / 2] as f64 / 1000.0);
             }
-            times.sort_unstable();
-            medians.push(times[times.len() / 2] as f64 / 1000.0);
-        }
-        ep.quiet().await.map_err(err)?;
-        Ok::<_, BenchError>((medians, hist))
-    });
+            ep.quiet().await.map_err(err)?;
+            Ok::<_, BenchError>((medians, hist))
+        });
     let _ = stop_tx.send(());
     let joined = responder.join().map_err(|_| err("rank 1 panicked"))?;
     let out = result?;
@@ -389,7 +434,12 @@ int main(int argc, char **argv) {
                 }
             } else if (me == 0) {
                 if (!strcmp(op, "get")) shmem_getmem(src, buf, size, 1);
-                else shmem_long_atomic_fetch_add(ctr, 1, 1);
+                else if (!strcmp(op, "atomic")) shmem_long_atomic_fetch_add(ctr, 1, 1);
+                else {
+                    /* put-quiet, window: put and completion */
+                    shmem_putmem(buf, src, size, 1);
+                    shmem_quiet();
+                }
             }
             if (i >= warm) t[i - warm] = now_us() - t0;
         }
