@@ -415,14 +415,17 @@ async fn a_barrier_completes_every_put_before_it_everywhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_target_that_stops_processing_pushes_back_on_its_sender() {
     // Closed until the test opens it: the handler blocks the target.
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let gate = Arc::new(Gate::default());
+    // Opened when the test ends, also by a failed assertion: a handler
+    // still blocked would keep the runtime from shutting down.
+    let _open_at_end = OpenOnDrop(gate.clone());
     let options = Options::default();
     let credit = options.credit_bytes as u64;
     let s = group_with("pushback", 2, options, |ep| {
         let gate = gate.clone();
         ep.register_handler(50, move |_| {
-            let (open, cv) = &*gate;
-            let _open = cv.wait_while(open.lock().unwrap(), |o| !*o).unwrap();
+            // Off the runtime's worker: tasks queued on it keep running.
+            tokio::task::block_in_place(|| gate.wait());
             Bytes::new()
         })
         .unwrap();
@@ -452,8 +455,7 @@ async fn a_target_that_stops_processing_pushes_back_on_its_sender() {
     .await;
     assert_eq!(sent.load(Ordering::SeqCst), window);
     assert!(!sender.is_finished());
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
+    gate.open();
     within("drain", sender).await.unwrap();
     within("quiet", s.eps[0].quiet()).await.unwrap();
     assert_eq!(
@@ -461,4 +463,31 @@ async fn a_target_that_stops_processing_pushes_back_on_its_sender() {
         2000 + 1,
         "every short and the quiet's flush"
     );
+}
+
+/// A gate handlers wait at until the test opens it.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.cv.wait_while(guard, |o| !*o));
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+}
+
+struct OpenOnDrop(Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
 }
