@@ -24,6 +24,8 @@ NEEDS=(
   "mpirun.openmpi:openmpi-bin"
   "mpicc.mpich:libmpich-dev"
   "mpirun.mpich:mpich"
+  "oshcc:libopenmpi-dev"
+  "oshrun:openmpi-bin"
 )
 
 missing=()

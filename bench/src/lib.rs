@@ -42,6 +42,7 @@ pub mod hist;
 pub mod pacer;
 pub mod path;
 pub mod peer;
+pub mod pgas;
 pub mod plot;
 pub mod report;
 pub mod rpc;

@@ -74,6 +74,8 @@ enum Command {
     /// OSU-style latency of one collective through uniplane-collectives
     /// beside OpenMPI and MPICH, same sizes and rank counts.
     Collectives(CollectivesArgs),
+    /// PGAS active messages (uniplane-pgas) beside OpenSHMEM, same sizes.
+    Pgas(PgasArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -115,6 +117,31 @@ struct CollectivesArgs {
     /// Draw latency against size, one line per library (SVG or PNG).
     #[arg(long)]
     plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct PgasArgs {
+    /// short: active message round trip; put: put-with-signal round trip;
+    /// get; atomic: 64-bit fetch-add; put-quiet: long message + quiet;
+    /// window: one-sided WRITEs into a window, completed.
+    #[arg(long, default_value = "put", value_parser = ["short", "put", "get", "atomic", "put-quiet", "window"])]
+    op: String,
+    /// shm: both endpoints on one daemon (the only stack so far).
+    #[arg(long, default_value = "shm", value_parser = ["shm"])]
+    stack: String,
+    /// Payload sizes (put, get): sizes and FROM..TO ranges that double,
+    /// with K or M suffixes, e.g. 8..4M or 8,4K,1M.
+    #[arg(long, default_value = "8..4M")]
+    sizes: String,
+    /// busy: sessions and engine poll; park: sessions sleep when idle, the engine spins then sleeps.
+    #[arg(long, default_value = "park", value_parser = ["busy", "park"])]
+    wait: String,
+    /// Skip the OpenSHMEM side.
+    #[arg(long)]
+    no_openshmem: bool,
+    /// The uniplaned binary (default: the one next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1404,6 +1431,60 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("collectives", params, r))
 }
 
+fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
+    use uniplane_bench::path::WaitMode;
+    use uniplane_bench::pgas::{parse_sizes, run_pgas, PgasConfig, PgasOp};
+    let sizes = parse_sizes(&a.sizes).map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
+    let cfg = PgasConfig {
+        op: match a.op.as_str() {
+            "short" => PgasOp::Short,
+            "get" => PgasOp::Get,
+            "atomic" => PgasOp::Atomic,
+            "put-quiet" => PgasOp::PutQuiet,
+            "window" => PgasOp::Window,
+            _ => PgasOp::Put,
+        },
+        sizes: sizes.clone(),
+        wait: if a.wait == "busy" {
+            WaitMode::Busy
+        } else {
+            WaitMode::Park
+        },
+        uniplaned: a.uniplaned.clone(),
+        openshmem: !a.no_openshmem,
+    };
+    let r = run_pgas(&cfg)?;
+    println!(
+        "pgas {} over {}, wait {} (median µs):",
+        a.op, a.stack, a.wait
+    );
+    println!(
+        "  {:>9} {:>12} {:>12} {:>7}",
+        "size", "uniplane", "OpenSHMEM", "ratio"
+    );
+    for p in r["points"].as_array().into_iter().flatten() {
+        let u = p["uniplane_us"].as_f64();
+        let o = p["openshmem_us"].as_f64();
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
+        let ratio = u.zip(o).map(|(u, o)| u / o);
+        println!(
+            "  {:>9} {:>12} {:>12} {:>7}",
+            p["size"],
+            f(u),
+            f(o),
+            ratio.map_or("-".to_string(), |x| format!("{x:.2}x"))
+        );
+    }
+    if let Some(p50) = r["rtt_ns"]["p50"].as_u64() {
+        println!(
+            "  short round trip p50 {p50} ns, p99 {} ns",
+            r["rtt_ns"]["p99"]
+        );
+    }
+    let params = json!({ "op": a.op, "stack": a.stack, "sizes": sizes, "wait": a.wait });
+    emit(cli.json, &Report::new("pgas", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1420,6 +1501,7 @@ fn main() -> ExitCode {
         Command::Tunnel(a) => tunnel(&cli, a),
         Command::Rpc(a) => rpc(&cli, a),
         Command::Collectives(a) => collectives(&cli, a),
+        Command::Pgas(a) => pgas(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)

@@ -1,0 +1,512 @@
+//! `pgas`: uniplane-pgas operations between two endpoints, next to the
+//! same operations in OpenSHMEM, on the same sizes, in one run.
+//!
+//! ```text
+//!  uniplane side                                   peer: OpenSHMEM (oshrun -n 2)
+//!  ┌ rank 0 thread ┐  shm   ┌──────────┐  shm   ┌ rank 1 thread ┐    ┌ PE 0 ┐ symmetric heap ┌ PE 1 ┐
+//!  │ Endpoint      ├───────►│uniplaned ├───────►│ Endpoint      │    │      ├───────────────►│      │
+//!  └───────────────┘◄───────┴──────────┴◄───────└───────────────┘    └──────┘◄───────────────└──────┘
+//! ```
+//!
+//! Operations (`--op`), each timed at rank 0, median over the rounds:
+//!
+//! - `short`: a short active message and its reply (round trip).
+//! - `put`: put-with-signal round trip: rank 0 puts `size` bytes into
+//!   rank 1's segment with a signal; rank 1 waits for the signal and puts
+//!   the same back. OpenSHMEM 1.4 has no put-with-signal, so its side is
+//!   put, fence, atomic set of a flag, and `wait_until` on the flag.
+//! - `get`: a get of `size` bytes (`shmem_getmem`).
+//! - `atomic`: a 64-bit fetch-add at rank 1 (`shmem_long_atomic_fetch_add`).
+//! - `put-quiet`: a long message and its completion (`shmem_putmem` +
+//!   `shmem_quiet`).
+//! - `window`: the same bytes written with the client library's one-sided
+//!   WRITEs into a memory window of rank 1 (64 KiB − 1 per WRITE, 4 in
+//!   flight), each completed: the alternative to long messages, measured
+//!   to choose between them (against `shmem_putmem` + `shmem_quiet`).
+//!
+//! The daemon is a `uniplaned` process started here (the one next to this
+//! program); each rank runs on its own OS thread with a current-thread
+//! tokio runtime. The OpenSHMEM program is compiled here with `oshcc` and
+//! run with `oshrun --mca osc ^rdma --oversubscribe -n 2` (without the
+//! `osc` exclusion every program segfaults in `shmem_finalize`); where
+//! either tool is missing, its column is null.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use uniplane_client::{Client, DataPathOptions, Wait};
+use uniplane_pgas::{Acl, AtomicOp, Call, Completion, Endpoint, Group, Options, Width};
+
+use crate::hist::LatencyHistogram;
+use crate::path::{runtime, scratch_dir, sibling_binary, DaemonProcess, PlaneKind, WaitMode};
+use crate::BenchError;
+
+/// The operation measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PgasOp {
+    /// Short active message round trip.
+    Short,
+    /// Put-with-signal round trip.
+    Put,
+    /// Get.
+    Get,
+    /// 64-bit fetch-add.
+    Atomic,
+    /// Long message and its completion.
+    PutQuiet,
+    /// One-sided WRITEs into a window, completed.
+    Window,
+}
+
+impl PgasOp {
+    /// Its name on the command line and in the OpenSHMEM program.
+    pub fn name(self) -> &'static str {
+        match self {
+            PgasOp::Short => "short",
+            PgasOp::Put => "put",
+            PgasOp::Get => "get",
+            PgasOp::Atomic => "atomic",
+            PgasOp::PutQuiet => "put-quiet",
+            PgasOp::Window => "window",
+        }
+    }
+
+    /// Whether the payload size matters.
+    fn sized(self) -> bool {
+        !matches!(self, PgasOp::Short | PgasOp::Atomic)
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct PgasConfig {
+    /// The operation.
+    pub op: PgasOp,
+    /// Payload sizes (ignored by `short` and `atomic`, which run once).
+    pub sizes: Vec<usize>,
+    /// How the daemon and the sessions wait.
+    pub wait: WaitMode,
+    /// The daemon binary; next to this program when `None`.
+    pub uniplaned: Option<PathBuf>,
+    /// Run the OpenSHMEM side.
+    pub openshmem: bool,
+}
+
+/// The largest size `--sizes` takes.
+pub const MAX_PGAS_SIZE: usize = 16 << 20;
+
+/// Parses `--sizes`: comma-separated sizes or `FROM..TO` ranges that
+/// double from FROM up to TO; a size may end in `K` or `M` (binary).
+pub fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
+    let one = |t: &str| -> Result<usize, String> {
+        let t = t.trim();
+        let (digits, unit) = match t.as_bytes().last() {
+            Some(b'K' | b'k') => (&t[..t.len() - 1], 1 << 10),
+            Some(b'M' | b'm') => (&t[..t.len() - 1], 1 << 20),
+            _ => (t, 1),
+        };
+        let n: usize = digits.parse().map_err(|_| format!("not a size: {t:?}"))?;
+        let size = n
+            .checked_mul(unit)
+            .ok_or_else(|| format!("too large: {t}"))?;
+        if size == 0 || size > MAX_PGAS_SIZE {
+            return Err(format!(
+                "{t}: sizes go from 1 B to {} MiB",
+                MAX_PGAS_SIZE >> 20
+            ));
+        }
+        Ok(size)
+    };
+    let mut sizes = Vec::new();
+    for part in text.split(',') {
+        match part.split_once("..") {
+            Some((from, to)) => {
+                let (mut s, to) = (one(from)?, one(to)?);
+                if s > to {
+                    return Err(format!("empty range {part:?}"));
+                }
+                while s <= to {
+                    sizes.push(s);
+                    s *= 2;
+                }
+            }
+            None => sizes.push(one(part)?),
+        }
+        if sizes.len() > 64 {
+            return Err("at most 64 sizes".into());
+        }
+    }
+    Ok(sizes)
+}
+
+/// Rounds measured at `size` (after a few warm-up rounds); the same
+/// count on both sides.
+fn rounds(size: usize) -> usize {
+    match size {
+        s if s >= 1 << 20 => 50,
+        s if s >= 64 << 10 => 200,
+        _ => 2000,
+    }
+}
+
+const WARMUP: usize = 10;
+
+/// Each rank's credit at the other (`Options::credit_bytes`).
+const CREDIT_BYTES: u32 = 512 << 10;
+
+fn err(what: impl std::fmt::Display) -> BenchError {
+    BenchError::Config(format!("pgas: {what}"))
+}
+
+/// Runs `cfg`: `{ points: [{size, uniplane_us, openshmem_us}], rtt_ns }`.
+pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
+    let sizes: Vec<usize> = if cfg.op.sized() {
+        cfg.sizes.clone()
+    } else {
+        vec![8]
+    };
+    let max = sizes.iter().copied().max().unwrap_or(8).max(8);
+    let binary = match &cfg.uniplaned {
+        Some(p) => p.clone(),
+        None => {
+            sibling_binary("uniplaned").ok_or_else(|| err("no uniplaned next to this program"))?
+        }
+    };
+    let daemon = DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?;
+    let (uniplane, rtt) = measure_uniplane(cfg, daemon.runtime_dir(), &sizes, max)?;
+    drop(daemon);
+    let shmem = if cfg.openshmem {
+        match measure_openshmem(cfg.op, &sizes) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("OpenSHMEM side not run: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let points: Vec<Value> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            json!({
+                "size": size,
+                "uniplane_us": uniplane[i],
+                "openshmem_us": shmem.as_ref().and_then(|s| s.get(i).copied()),
+            })
+        })
+        .collect();
+    let mut out = json!({ "op": cfg.op.name(), "points": points });
+    if cfg.op == PgasOp::Short {
+        out["rtt_ns"] = json!({
+            "p50": rtt.quantile(0.5),
+            "p90": rtt.quantile(0.9),
+            "p99": rtt.quantile(0.99),
+        });
+    }
+    Ok(out)
+}
+
+async fn endpoint(dir: &Path, name: &str, wait: WaitMode, max: usize) -> Result<Endpoint, String> {
+    let wait = match wait {
+        WaitMode::Busy => Wait::Busy,
+        // Spinning needs a core per poller: the two ranks and the
+        // engine on 2 cores starve each other (see docs/benchmarks.md).
+        WaitMode::Park => Wait::Park {
+            spin: Duration::ZERO,
+        },
+    };
+    let session = Client::connect(dir)
+        .await
+        .map_err(|e| e.to_string())?
+        .attach_with(name, DataPathOptions { wait })
+        .await
+        .map_err(|e| e.to_string())?;
+    // Two ranks: each may fill half of the other's 1 MiB ring.
+    let options = Options {
+        credit_bytes: CREDIT_BYTES,
+        get_window: 8,
+        ..Options::default()
+    };
+    let ep = Endpoint::bind(session, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    ep.register_segment(max, Acl::ReadWrite);
+    Ok(ep)
+}
+
+/// Medians in µs per size, and the histogram of the last size (ns).
+fn measure_uniplane(
+    cfg: &PgasConfig,
+    dir: &Path,
+    sizes: &[usize],
+    max: usize,
+) -> Result<(Vec<f64>, LatencyHistogram), BenchError> {
+    let (uid_tx, uid_rx) = std_mpsc::channel();
+    let (group_tx, group_rx) = std_mpsc::channel::<Group>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let op = cfg.op;
+    let wait = cfg.wait;
+    let dir1 = dir.to_owned();
+    let sizes1 = sizes.to_vec();
+    let responder = std::thread::spawn(move || -> Result<(), String> {
+        let rt = runtime().map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let ep = endpoint(&dir1, "pgas-rank1", wait, max).await?;
+            // The first window of a session starts at address 0.
+            let _window = ep.session().register_window(max);
+            uid_tx.send(ep.uid()).map_err(|e| e.to_string())?;
+            let group = tokio::task::spawn_blocking(move || group_rx.recv())
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            ep.join(group).await.map_err(|e| e.to_string())?;
+            if op == PgasOp::Put {
+                let data = vec![0x5a; max];
+                let mut seq = 0u64;
+                for &size in &sizes1 {
+                    for _ in 0..WARMUP + rounds(size) {
+                        seq += 1;
+                        ep.wait_counter_from(0, seq).await;
+                        ep.long(0, 0, 0, &data[..size], Call::counter(1), Completion::Async)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            let _ = stop_rx.await;
+            Ok(())
+        })
+    });
+    let rt = runtime()?;
+    let result =
+        rt.block_on(async {
+            let ep = endpoint(dir, "pgas-rank0", wait, max).await.map_err(err)?;
+            let other =
+                tokio::task::spawn_blocking(move || uid_rx.recv_timeout(Duration::from_secs(20)))
+                    .await
+                    .map_err(err)?
+                    .map_err(|_| err("rank 1 did not start"))?;
+            let group = Group::new(vec![ep.uid(), other]);
+            group_tx.send(group.clone()).map_err(err)?;
+            ep.join(group).await.map_err(err)?;
+            let data = vec![0xa5; max];
+            let mut medians = Vec::new();
+            let mut hist = LatencyHistogram::new();
+            let mut seq = 0u64;
+            let mut replies = 0u64;
+            for &size in sizes {
+                hist = LatencyHistogram::new();
+                let mut times = Vec::with_capacity(rounds(size));
+                for round in 0..WARMUP + rounds(size) {
+                    let t0 = Instant::now();
+                    match op {
+                        PgasOp::Short => {
+                            ep.short(1, Call::NONE, Completion::Reply)
+                                .await
+                                .map_err(err)?;
+                            replies += 1;
+                            ep.wait_replies(replies).await.map_err(err)?;
+                        }
+                        PgasOp::Put => {
+                            seq += 1;
+                            ep.long(1, 0, 0, &data[..size], Call::counter(1), Completion::Async)
+                                .await
+                                .map_err(err)?;
+                            ep.wait_counter_from(1, seq).await;
+                        }
+                        PgasOp::Get => {
+                            ep.get(1, 0, 0, size).await.map_err(err)?;
+                        }
+                        PgasOp::Atomic => {
+                            ep.atomic(1, 0, 0, Width::W64, AtomicOp::FetchAdd(1))
+                                .await
+                                .map_err(err)?;
+                        }
+                        PgasOp::PutQuiet => {
+                            ep.long(1, 0, 0, &data[..size], Call::NONE, Completion::Async)
+                                .await
+                                .map_err(err)?;
+                            ep.quiet().await.map_err(err)?;
+                        }
+                        PgasOp::Window => {
+                            let session = ep.session();
+                            let writes = data[..size].chunks(u16::MAX as usize).enumerate().map(
+                                |(i, chunk)| {
+                                    let at = other.at((i * u16::MAX as usize) as u64);
+                                    session.write(at, bytes::Bytes::copy_from_slice(chunk))
+                                },
+                            );
+                            futures_util::stream::iter(writes)
+                                .buffered(4)
+                                .try_collect::<Vec<()>>()
+                                .await
+                                .map_err(err)?;
+                        }
+                    }
+                    if round >= WARMUP {
+                        let ns = t0.elapsed().as_nanos() as u64;
+                        times.push(ns);
+                        hist.record(ns);
+                    }
+                }
+                times.sort_unstable();
+                medians.push(times[times.len() / 2] as f64 / 1000.0);
+            }
+            ep.quiet().await.map_err(err)?;
+            Ok::<_, BenchError>((medians, hist))
+        });
+    let _ = stop_tx.send(());
+    let joined = responder.join().map_err(|_| err("rank 1 panicked"))?;
+    let out = result?;
+    joined.map_err(err)?;
+    Ok(out)
+}
+
+/// The OpenSHMEM program: `prog OP SIZE…` prints `size median_us` lines
+/// at PE 0, with the same rounds as the uniplane side.
+const SHMEM_C: &str = r#"
+#include <shmem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int rounds(size_t size) {
+    if (size >= (1u << 20)) return 50;
+    if (size >= (64u << 10)) return 200;
+    return 2000;
+}
+
+int main(int argc, char **argv) {
+    shmem_init();
+    int me = shmem_my_pe();
+    const char *op = argv[1];
+    size_t max = 8;
+    for (int a = 2; a < argc; a++) {
+        size_t s = strtoull(argv[a], 0, 10);
+        if (s > max) max = s;
+    }
+    char *buf = shmem_malloc(max);
+    char *src = malloc(max);
+    memset(src, 0xa5, max);
+    long *flag = shmem_malloc(sizeof(long));
+    long *ctr = shmem_malloc(sizeof(long));
+    *flag = 0;
+    *ctr = 0;
+    shmem_barrier_all();
+    long seq = 0;
+    for (int a = 2; a < argc; a++) {
+        size_t size = strtoull(argv[a], 0, 10);
+        int n = rounds(size), warm = 10;
+        double *t = malloc(sizeof(double) * n);
+        for (int i = 0; i < warm + n; i++) {
+            double t0 = now_us();
+            if (!strcmp(op, "put")) {
+                seq++;
+                if (me == 0) {
+                    shmem_putmem(buf, src, size, 1);
+                    shmem_fence();
+                    shmem_long_atomic_set(flag, seq, 1);
+                    shmem_long_wait_until(flag, SHMEM_CMP_EQ, seq);
+                } else {
+                    shmem_long_wait_until(flag, SHMEM_CMP_EQ, seq);
+                    shmem_putmem(buf, src, size, 0);
+                    shmem_fence();
+                    shmem_long_atomic_set(flag, seq, 0);
+                }
+            } else if (me == 0) {
+                if (!strcmp(op, "get")) shmem_getmem(src, buf, size, 1);
+                else if (!strcmp(op, "atomic")) shmem_long_atomic_fetch_add(ctr, 1, 1);
+                else {
+                    /* put-quiet, window: put and completion */
+                    shmem_putmem(buf, src, size, 1);
+                    shmem_quiet();
+                }
+            }
+            if (i >= warm) t[i - warm] = now_us() - t0;
+        }
+        qsort(t, n, sizeof(double), cmp);
+        if (me == 0) printf("%zu %.3f\n", size, t[n / 2]);
+        free(t);
+        shmem_barrier_all();
+    }
+    fflush(stdout);
+    shmem_finalize();
+    return 0;
+}
+"#;
+
+/// Medians in µs per size from the OpenSHMEM program.
+fn measure_openshmem(op: PgasOp, sizes: &[usize]) -> Result<Vec<f64>, String> {
+    if op == PgasOp::Short {
+        return Err("OpenSHMEM has no active messages".into());
+    }
+    let dir = scratch_dir("oshmem").map_err(|e| e.to_string())?;
+    let result = (|| {
+        let src = dir.join("pgas_peer.c");
+        let prog = dir.join("pgas_peer");
+        std::fs::write(&src, SHMEM_C).map_err(|e| e.to_string())?;
+        let cc = Command::new("oshcc")
+            .arg("-O2")
+            .arg("-o")
+            .arg(&prog)
+            .arg(&src)
+            .output()
+            .map_err(|e| format!("oshcc: {e} (install openmpi-bin and libopenmpi-dev)"))?;
+        if !cc.status.success() {
+            return Err(format!(
+                "oshcc failed: {}",
+                String::from_utf8_lossy(&cc.stderr)
+            ));
+        }
+        let out = Command::new("oshrun")
+            .args(["--mca", "osc", "^rdma", "--oversubscribe", "-n", "2"])
+            .arg(&prog)
+            .arg(op.name())
+            .args(sizes.iter().map(|s| s.to_string()))
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .output()
+            .map_err(|e| format!("oshrun: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "oshrun failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut medians = Vec::new();
+        for line in text.lines() {
+            let mut w = line.split_whitespace();
+            if let (Some(_), Some(us), None) = (w.next(), w.next(), w.next()) {
+                if let Ok(us) = us.parse::<f64>() {
+                    medians.push(us);
+                }
+            }
+        }
+        if medians.len() != sizes.len() {
+            return Err(format!("unexpected OpenSHMEM output: {text}"));
+        }
+        Ok(medians)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}

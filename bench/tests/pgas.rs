@@ -1,0 +1,68 @@
+//! `pgas` end to end: two endpoints on the workspace's own `uniplaned`
+//! beside OpenSHMEM (compiled here with `oshcc`), reporting the
+//! documented keys.
+
+mod common;
+
+use common::*;
+
+fn run(op: &str, sizes: &str, openshmem: bool) -> serde_json::Value {
+    let daemon = uniplaned().expect("checked by the caller");
+    let daemon = daemon.display().to_string();
+    let mut args = vec![
+        "pgas",
+        "--op",
+        op,
+        "--sizes",
+        sizes,
+        "--uniplaned",
+        &daemon,
+        "--json",
+    ];
+    if !openshmem {
+        args.push("--no-openshmem");
+    }
+    let v = last_json(&bench(&args));
+    assert_eq!(string(&v, "bench"), "pgas");
+    check_machine(&v);
+    v
+}
+
+#[test]
+fn pgas_put_reports_uniplane_and_openshmem_per_size() {
+    if uniplaned().is_none() {
+        return;
+    }
+    let shmem =
+        tool_available("oshcc", "libopenmpi-dev") && tool_available("oshrun", "openmpi-bin");
+    let v = run("put", "8..64", shmem);
+    let points = v
+        .pointer("/results/points")
+        .and_then(|p| p.as_array())
+        .unwrap();
+    let sizes: Vec<u64> = points.iter().map(|p| p["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [8, 16, 32, 64]);
+    for p in points {
+        assert!(p["uniplane_us"].as_f64().unwrap() > 0.0);
+        if shmem {
+            assert!(p["openshmem_us"].as_f64().unwrap() > 0.0, "{p}");
+        }
+    }
+}
+
+#[test]
+fn pgas_short_reports_the_round_trip_p50() {
+    if uniplaned().is_none() {
+        return;
+    }
+    let v = run("short", "8", false);
+    assert!(number(&v, "results.rtt_ns.p50") > 0.0);
+    let points = v
+        .pointer("/results/points")
+        .and_then(|p| p.as_array())
+        .unwrap();
+    assert!(
+        points[0]["openshmem_us"].is_null(),
+        "OpenSHMEM has no active messages"
+    );
+}

@@ -1,0 +1,80 @@
+//! A group of endpoints on one embedded daemon: every message crosses the
+//! shared-memory data path and the engine.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use uniplane_pgas::{Endpoint, Group, Options};
+use uniplane_services::client::embedded;
+use uniplane_services::config::Config;
+use uniplane_services::Daemon;
+
+const CONFIG: &str = r#"
+[server]
+id = "127.0.0.1"
+peer_listen = "127.0.0.1:0"
+"#;
+
+/// Every wait in these tests has this deadline.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct Setup {
+    pub daemon: Daemon,
+    pub dir: PathBuf,
+    pub eps: Vec<Endpoint>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.eps.clear();
+        self.daemon.shutdown();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `f` with the test deadline.
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result in {WAIT:?}"))
+}
+
+/// `n` endpoints of one daemon, bound; `prepare` registers segments and
+/// handlers on each before the group joins.
+pub async fn group(name: &str, n: usize, prepare: impl Fn(&Endpoint)) -> Setup {
+    group_with(name, n, Options::default(), prepare).await
+}
+
+pub async fn group_with(
+    name: &str,
+    n: usize,
+    options: Options,
+    prepare: impl Fn(&Endpoint),
+) -> Setup {
+    let dir = std::env::temp_dir().join(format!("uniplane-pgas-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (daemon, _client) = embedded(Config::parse(CONFIG, name).unwrap(), &dir)
+        .await
+        .unwrap();
+    let mut eps = Vec::new();
+    for i in 0..n {
+        let session = uniplane_services::client::Client::connect(daemon.runtime_dir())
+            .await
+            .unwrap()
+            .attach(&format!("rank{i}"))
+            .await
+            .unwrap();
+        let ep = Endpoint::bind(session, options.clone()).await.unwrap();
+        prepare(&ep);
+        eps.push(ep);
+    }
+    let g = Group::new(eps.iter().map(Endpoint::uid).collect());
+    let joins = eps.iter().map(|e| e.join(g.clone()));
+    for r in within("join", futures_util::future::join_all(joins)).await {
+        r.unwrap();
+    }
+    Setup { daemon, dir, eps }
+}
