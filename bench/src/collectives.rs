@@ -108,43 +108,10 @@ pub struct CollConfig {
     pub stack: String,
 }
 
-/// Sizes as `--sizes` takes them: `8..4M` (doubling, the end included),
-/// `64,4K,1M`, or both mixed; suffixes K and M are powers of 1024.
+/// The sizes of `--sizes` (up to 64 MiB): see
+/// [`crate::sizes::parse_byte_sizes`].
 pub fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
-    fn one(t: &str) -> Result<usize, String> {
-        let t = t.trim();
-        let (num, mul) = match t.chars().last() {
-            Some('K' | 'k') => (&t[..t.len() - 1], 1024),
-            Some('M' | 'm') => (&t[..t.len() - 1], 1024 * 1024),
-            _ => (t, 1),
-        };
-        num.parse::<usize>()
-            .ok()
-            .and_then(|n| n.checked_mul(mul))
-            .filter(|&n| n <= 64 << 20)
-            .ok_or_else(|| format!("{t:?} is not a size up to 64M"))
-    }
-    let mut out = Vec::new();
-    for part in text.split(',') {
-        match part.split_once("..") {
-            Some((a, b)) => {
-                let (mut a, b) = (one(a)?.max(1), one(b)?);
-                if a > b {
-                    return Err(format!("empty range {part:?}"));
-                }
-                while a < b {
-                    out.push(a);
-                    a *= 2;
-                }
-                out.push(b);
-            }
-            None => out.push(one(part)?),
-        }
-        if out.len() > 64 {
-            return Err("more than 64 sizes".into());
-        }
-    }
-    Ok(out)
+    crate::sizes::parse_byte_sizes(text, 64 << 20)
 }
 
 fn iterations(cfg: &CollConfig, size: usize) -> usize {

@@ -100,48 +100,10 @@ pub struct PgasConfig {
 /// The largest size `--sizes` takes.
 pub const MAX_PGAS_SIZE: usize = 16 << 20;
 
-/// Parses `--sizes`: comma-separated sizes or `FROM..TO` ranges that
-/// double from FROM up to TO; a size may end in `K` or `M` (binary).
+/// The sizes of `--sizes` (up to [`MAX_PGAS_SIZE`]): see
+/// [`crate::sizes::parse_byte_sizes`].
 pub fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
-    let one = |t: &str| -> Result<usize, String> {
-        let t = t.trim();
-        let (digits, unit) = match t.as_bytes().last() {
-            Some(b'K' | b'k') => (&t[..t.len() - 1], 1 << 10),
-            Some(b'M' | b'm') => (&t[..t.len() - 1], 1 << 20),
-            _ => (t, 1),
-        };
-        let n: usize = digits.parse().map_err(|_| format!("not a size: {t:?}"))?;
-        let size = n
-            .checked_mul(unit)
-            .ok_or_else(|| format!("too large: {t}"))?;
-        if size == 0 || size > MAX_PGAS_SIZE {
-            return Err(format!(
-                "{t}: sizes go from 1 B to {} MiB",
-                MAX_PGAS_SIZE >> 20
-            ));
-        }
-        Ok(size)
-    };
-    let mut sizes = Vec::new();
-    for part in text.split(',') {
-        match part.split_once("..") {
-            Some((from, to)) => {
-                let (mut s, to) = (one(from)?, one(to)?);
-                if s > to {
-                    return Err(format!("empty range {part:?}"));
-                }
-                while s <= to {
-                    sizes.push(s);
-                    s *= 2;
-                }
-            }
-            None => sizes.push(one(part)?),
-        }
-        if sizes.len() > 64 {
-            return Err("at most 64 sizes".into());
-        }
-    }
-    Ok(sizes)
+    crate::sizes::parse_byte_sizes(text, MAX_PGAS_SIZE)
 }
 
 /// Rounds measured at `size` (after a few warm-up rounds); the same

@@ -93,6 +93,48 @@ impl SizeMix {
     }
 }
 
+/// Parses a list of byte sizes as the collective and PGAS benchmarks take
+/// them: `8,4K,1M` (K and M are binary), and `FROM..TO` ranges that
+/// double from FROM and end with TO. Every size is from 1 to `max`; at
+/// most 64 sizes.
+pub fn parse_byte_sizes(text: &str, max: usize) -> Result<Vec<usize>, String> {
+    let one = |t: &str| -> Result<usize, String> {
+        let t = t.trim();
+        let (digits, unit) = match t.as_bytes().last() {
+            Some(b'K' | b'k') => (&t[..t.len() - 1], 1 << 10),
+            Some(b'M' | b'm') => (&t[..t.len() - 1], 1 << 20),
+            _ => (t, 1),
+        };
+        digits
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit))
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| format!("{t:?} is not a size from 1 B to {} KiB", max >> 10))
+    };
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        match part.split_once("..") {
+            Some((from, to)) => {
+                let (mut s, to) = (one(from)?, one(to)?);
+                if s > to {
+                    return Err(format!("empty range {part:?}"));
+                }
+                while s < to {
+                    out.push(s);
+                    s *= 2;
+                }
+                out.push(to);
+            }
+            None => out.push(one(part)?),
+        }
+        if out.len() > 64 {
+            return Err("more than 64 sizes".into());
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

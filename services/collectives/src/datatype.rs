@@ -117,8 +117,10 @@ pub trait Element: Copy + Send + Sync + Default + std::fmt::Debug + 'static {
     fn reduce(op: Op, acc: &mut [Self], other: &[Self]);
 }
 
-macro_rules! int_element {
-    ($t:ty, $dt:expr) => {
+/// An [`Element`] for `$t`: little-endian encoding, and each operation
+/// as the closure given for it (applied to `(acc, other)` pairs).
+macro_rules! element {
+    ($t:ty, $dt:expr, sum: $sum:expr, prod: $prod:expr, min: $min:expr, max: $max:expr) => {
         impl Element for $t {
             const DATATYPE: Datatype = $dt;
             const SIZE: usize = std::mem::size_of::<$t>();
@@ -141,68 +143,48 @@ macro_rules! int_element {
                     b.copy_from_slice(c);
                     <$t>::from_le_bytes(b)
                 }));
+                // One loop per operation: no branch per element.
                 match op {
-                    Op::Sum => it.for_each(|(a, b)| *a = a.wrapping_add(b)),
-                    Op::Prod => it.for_each(|(a, b)| *a = a.wrapping_mul(b)),
-                    Op::Min => it.for_each(|(a, b)| *a = (*a).min(b)),
-                    Op::Max => it.for_each(|(a, b)| *a = (*a).max(b)),
+                    Op::Sum => it.for_each($sum),
+                    Op::Prod => it.for_each($prod),
+                    Op::Min => it.for_each($min),
+                    Op::Max => it.for_each($max),
                 }
             }
             fn reduce(op: Op, acc: &mut [Self], other: &[Self]) {
                 let it = acc.iter_mut().zip(other.iter().copied());
                 match op {
-                    Op::Sum => it.for_each(|(a, b)| *a = a.wrapping_add(b)),
-                    Op::Prod => it.for_each(|(a, b)| *a = a.wrapping_mul(b)),
-                    Op::Min => it.for_each(|(a, b)| *a = (*a).min(b)),
-                    Op::Max => it.for_each(|(a, b)| *a = (*a).max(b)),
+                    Op::Sum => it.for_each($sum),
+                    Op::Prod => it.for_each($prod),
+                    Op::Min => it.for_each($min),
+                    Op::Max => it.for_each($max),
                 }
             }
         }
     };
 }
 
+/// Integers wrap on overflow; each type compares as itself (unsigned as
+/// unsigned).
+macro_rules! int_element {
+    ($t:ty, $dt:expr) => {
+        element!($t, $dt,
+            sum: |(a, b): (&mut $t, $t)| *a = a.wrapping_add(b),
+            prod: |(a, b): (&mut $t, $t)| *a = a.wrapping_mul(b),
+            min: |(a, b): (&mut $t, $t)| *a = (*a).min(b),
+            max: |(a, b): (&mut $t, $t)| *a = (*a).max(b));
+    };
+}
+
+/// Floats as C computes them; min and max as C's `a < b ? a : b`, which
+/// MPI libraries use.
 macro_rules! float_element {
     ($t:ty, $dt:expr) => {
-        impl Element for $t {
-            const DATATYPE: Datatype = $dt;
-            const SIZE: usize = std::mem::size_of::<$t>();
-            fn encode(values: &[Self], out: &mut Vec<u8>) {
-                out.reserve(values.len() * Self::SIZE);
-                for v in values {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-            }
-            fn decode(bytes: &[u8], out: &mut [Self]) {
-                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(Self::SIZE)) {
-                    let mut b = [0u8; std::mem::size_of::<$t>()];
-                    b.copy_from_slice(c);
-                    *o = <$t>::from_le_bytes(b);
-                }
-            }
-            fn reduce_bytes(op: Op, acc: &mut [Self], bytes: &[u8]) {
-                let it = acc.iter_mut().zip(bytes.chunks_exact(Self::SIZE).map(|c| {
-                    let mut b = [0u8; std::mem::size_of::<$t>()];
-                    b.copy_from_slice(c);
-                    <$t>::from_le_bytes(b)
-                }));
-                match op {
-                    Op::Sum => it.for_each(|(a, b)| *a += b),
-                    Op::Prod => it.for_each(|(a, b)| *a *= b),
-                    // As C's `a < b ? a : b`, which MPI libraries use.
-                    Op::Min => it.for_each(|(a, b)| *a = if *a < b { *a } else { b }),
-                    Op::Max => it.for_each(|(a, b)| *a = if *a > b { *a } else { b }),
-                }
-            }
-            fn reduce(op: Op, acc: &mut [Self], other: &[Self]) {
-                let it = acc.iter_mut().zip(other.iter().copied());
-                match op {
-                    Op::Sum => it.for_each(|(a, b)| *a += b),
-                    Op::Prod => it.for_each(|(a, b)| *a *= b),
-                    Op::Min => it.for_each(|(a, b)| *a = if *a < b { *a } else { b }),
-                    Op::Max => it.for_each(|(a, b)| *a = if *a > b { *a } else { b }),
-                }
-            }
-        }
+        element!($t, $dt,
+            sum: |(a, b): (&mut $t, $t)| *a += b,
+            prod: |(a, b): (&mut $t, $t)| *a *= b,
+            min: |(a, b): (&mut $t, $t)| *a = if *a < b { *a } else { b },
+            max: |(a, b): (&mut $t, $t)| *a = if *a > b { *a } else { b });
     };
 }
 
