@@ -67,6 +67,10 @@ cargo fmt --all -- --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
+# Tests that run an example program (the greeter across namespaces,
+# uniplane-run's allreduce) find it built beside them: --all-targets
+# builds examples only as test harnesses.
+cargo build --workspace --examples
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
