@@ -528,8 +528,11 @@ fn handle_notice(d: &Arc<Shared>, m: Message) {
             let key = (local, remote, rport);
             let listener = {
                 let routes = d.routes();
-                // Known already: its first data came before this notice.
-                let known = routes.conns.contains_key(&key) || routes.closed.contains(&key);
+                // Known already: its first data came before this notice,
+                // or it is being closed (accepted early, dropped at once).
+                // A connection closed here before (done) does not count:
+                // the daemon speaks of a new one with the same ends.
+                let known = routes.conns.contains_key(&key) || routes.closing.contains_key(&key);
                 (!known)
                     .then(|| routes.listeners.get(&local).cloned())
                     .flatten()
@@ -1036,6 +1039,36 @@ mod tests {
         assert_eq!(ack.header().request.ports(), Some((80, 7)));
         drop(conn);
         assert!(dropped.try_recv().is_err(), "the far end closes it");
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_with_the_ends_of_one_closed_before_is_accepted() {
+        let (shared, mut dropped, mut engine) = session();
+        let mut listener = shared_listen(&shared, 80);
+        let peer = uid("10.0.0.2:1").port(7);
+        engine
+            .send(notice_of(ReqType::Connect, 80, peer, Status::Ok))
+            .await
+            .unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        drop(first);
+        let closing = dropped.recv().await.unwrap();
+        let ack = close_message(peer.uid, (7, uid(ME), 80), FIN_ACK).unwrap();
+        engine.send(ack).await.unwrap();
+        shared.close_in_band(closing).await;
+        // The same ends again, announced by the daemon: a new connection.
+        engine
+            .send(notice_of(ReqType::Connect, 80, peer, Status::Ok))
+            .await
+            .unwrap();
+        let again = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+            .await
+            .expect("the new connection is accepted")
+            .unwrap();
+        assert_eq!(again.remote(), peer);
     }
 
     #[tokio::test]
