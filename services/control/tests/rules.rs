@@ -20,6 +20,24 @@ fn connected(r: Result<Reply, ControlError>) -> ConnKey {
     }
 }
 
+/// Asserts that both local ends of `key` (`ends`: its source's, then its
+/// destination's) and nobody else were told it is gone with `status`.
+fn both_ends_told(
+    h: &mut Harness,
+    ends: (uniplane_dataplane::Uid, uniplane_dataplane::Uid),
+    key: ConnKey,
+    status: Status,
+) {
+    let mut notices = h.notices();
+    notices.sort_by_key(|n| n.0);
+    let mut want = vec![
+        (ends.0, ReqType::Notify, key, status),
+        (ends.1, ReqType::Notify, key.reversed(), status),
+    ];
+    want.sort_by_key(|n| n.0);
+    assert_eq!(notices, want);
+}
+
 #[test]
 fn start_registers_the_daemon_and_devices_with_routes_between_all() {
     let h = Harness::new(config());
@@ -140,14 +158,7 @@ fn closing_a_connection_tells_both_local_ends_and_removes_its_entries() {
         ),
         Ok(Reply::Done)
     );
-    let mut notices = h.notices();
-    notices.sort_by_key(|n| n.0);
-    let mut want = vec![
-        (client, ReqType::Notify, key, Status::Closed),
-        (server, ReqType::Notify, key.reversed(), Status::Closed),
-    ];
-    want.sort_by_key(|n| n.0);
-    assert_eq!(notices, want);
+    both_ends_told(&mut h, (client, server), key, Status::Closed);
     assert_eq!(h.core.connections().count(), 0);
     let again = h.ask(A, ClientRequest::Close { conn: key });
     assert_eq!(again.unwrap_err().kind(), "not-found");
@@ -410,14 +421,7 @@ fn new_rules_close_the_connections_they_deny_and_refuse_new_ones() {
         rules: vec![rule],
         default_action: DefaultAction::Allow,
     });
-    let mut notices = h.notices();
-    notices.sort_by_key(|n| n.0);
-    let mut want = vec![
-        (client, ReqType::Notify, denied, Status::Denied),
-        (server, ReqType::Notify, denied.reversed(), Status::Denied),
-    ];
-    want.sort_by_key(|n| n.0);
-    assert_eq!(notices, want);
+    both_ends_told(&mut h, (client, server), denied, Status::Denied);
     let left: Vec<ConnKey> = h.core.connections().map(|c| c.key).collect();
     assert_eq!(left, vec![kept], "only the denied connection went");
     assert_eq!(kept.src, other);
@@ -435,14 +439,7 @@ fn a_shutdown_closes_every_connection_and_tells_its_ends() {
     let key = connected(h.connect(B, server, 80));
     h.notices();
     h.event(Event::Shutdown);
-    let mut notices = h.notices();
-    notices.sort_by_key(|n| n.0);
-    let mut want = vec![
-        (client, ReqType::Notify, key, Status::Closed),
-        (server, ReqType::Notify, key.reversed(), Status::Closed),
-    ];
-    want.sort_by_key(|n| n.0);
-    assert_eq!(notices, want);
+    both_ends_told(&mut h, (client, server), key, Status::Closed);
     assert_eq!(h.core.connections().count(), 0);
     h.check();
 }

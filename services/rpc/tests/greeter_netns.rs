@@ -8,8 +8,10 @@
 //! `greeter` example); without them, or without root and `ip netns`, it
 //! skips, unless `UNIPLANE_REQUIRE_TOOLS=1` makes that a failure.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -17,6 +19,8 @@ use std::time::{Duration, Instant};
 use uniplane_netns::{Namespace, Pair};
 use uniplane_services::client::Client;
 use uniplane_services::control::Request;
+
+use common::peered_config;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -38,40 +42,20 @@ fn built(relative: &str) -> Option<PathBuf> {
     None
 }
 
+/// Server `me`'s file: peered with `peer` over `stack` (peer channel on
+/// port 7460, tunnels on 7470 of each address), sockets in `runtime`.
 fn config(stack: &str, me: Ipv4Addr, peer: Ipv4Addr, runtime: &Path, secret: &Path) -> String {
-    format!(
-        r#"
-[server]
-id = "{me}"
-name = "{me}"
-peer_listen = "{me}:7460"
-
-[runtime]
-dir = "{runtime}"
-
-[[stacks]]
-name = "{stack}"
-listen = "{me}:7470"
-
-[[peers]]
-server = "{peer}"
-address = "{peer}:7460"
-tunnel = "{peer}:7470"
-stack = "{stack}"
-
-[failure]
-heartbeat_ms = 50
-misses = 20
-
-[policy]
-default = "allow"
-
-[cluster]
-secret = "{secret}"
-"#,
-        runtime = runtime.display(),
-        secret = secret.display(),
-    )
+    let at = |ip: Ipv4Addr, port| SocketAddr::from((ip, port));
+    let mut c = peered_config(
+        stack,
+        me,
+        at(me, 7460),
+        at(me, 7470),
+        (peer, at(peer, 7460), at(peer, 7470)),
+        secret,
+    );
+    c.push_str(&format!("\n[runtime]\ndir = \"{}\"\n", runtime.display()));
+    c
 }
 
 /// A child process killed (and reaped) when dropped.

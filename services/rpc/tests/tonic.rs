@@ -2,8 +2,10 @@
 //! client calls the generated server by UID, within one daemon (shared
 //! memory) and across two daemons peered over `tcp` and `ltl` tunnels.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,8 @@ use uniplane_rpc::tonic::{incoming, EchoService, PeerInfo, UidConnector};
 use uniplane_services::client::{embedded, Client};
 use uniplane_services::config::Config;
 use uniplane_services::Daemon;
+
+use common::peered_config;
 
 const PORT: u16 = 50051;
 const WAIT: Duration = Duration::from_secs(10);
@@ -228,47 +232,6 @@ fn free_port(udp: bool) -> u16 {
     }
 }
 
-fn config(
-    stack: &str,
-    me: Ipv4Addr,
-    peer_listen: SocketAddr,
-    tunnel: SocketAddr,
-    other: (Ipv4Addr, SocketAddr, SocketAddr),
-    secret: &Path,
-) -> String {
-    format!(
-        r#"
-[server]
-id = "{me}"
-peer_listen = "{peer_listen}"
-
-[[stacks]]
-name = "{stack}"
-listen = "{tunnel}"
-
-[[peers]]
-server = "{}"
-address = "{}"
-tunnel = "{}"
-stack = "{stack}"
-
-[failure]
-heartbeat_ms = 50
-misses = 20
-
-[policy]
-default = "allow"
-
-[cluster]
-secret = "{}"
-"#,
-        other.0,
-        other.1,
-        other.2,
-        secret.display()
-    )
-}
-
 struct Pair {
     a: Daemon,
     b: Daemon,
@@ -298,8 +261,8 @@ async fn pair(stack: &str) -> Pair {
         addr(free_port(false)),
         addr(free_port(udp)),
     );
-    let ca = config(stack, A, a_peer, a_tun, (B, b_peer, b_tun), &secret);
-    let cb = config(stack, B, b_peer, b_tun, (A, a_peer, a_tun), &secret);
+    let ca = peered_config(stack, A, a_peer, a_tun, (B, b_peer, b_tun), &secret);
+    let cb = peered_config(stack, B, b_peer, b_tun, (A, a_peer, a_tun), &secret);
     let (a, ac) = embedded(Config::parse(&ca, "a").unwrap(), &dir.join("a"))
         .await
         .unwrap();
