@@ -207,6 +207,18 @@ impl Pump {
         from: &mut F,
         to: &mut T,
     ) -> Result<bool, LinkError> {
+        self.poll_filtered(cx, from, to, |_| true)
+    }
+
+    /// [`poll`](Self::poll), passing on only the messages `keep` accepts
+    /// (a filter counts and reports the others itself).
+    pub fn poll_filtered<F: Link, T: Link>(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut F,
+        to: &mut T,
+        mut keep: impl FnMut(&Message) -> bool,
+    ) -> Result<bool, LinkError> {
         let mut progress = false;
         if self.pending.is_empty() && !self.ended {
             self.buf.clear();
@@ -216,8 +228,24 @@ impl Pump {
                 Poll::Ready(Err(e)) => return Err(e),
                 Poll::Pending => {}
             }
-            self.pending.extend(self.buf.drain(..));
+            self.pending.extend(self.buf.drain(..).filter(|m| keep(m)));
         }
+        Ok(self.poll_deliver(cx, to)? | progress)
+    }
+
+    /// Messages waiting for the destination, for a caller that feeds the
+    /// pump itself rather than from a source link.
+    pub fn queue(&mut self) -> &mut VecDeque<Message> {
+        &mut self.pending
+    }
+
+    /// Hands what waits to `to` and flushes it; true when something moved.
+    pub fn poll_deliver<T: Link>(
+        &mut self,
+        cx: &mut Context<'_>,
+        to: &mut T,
+    ) -> Result<bool, LinkError> {
+        let mut progress = false;
         if !self.pending.is_empty() {
             let before = self.pending.len();
             if let Poll::Ready(r) = to.poll_send_batch(cx, &mut self.pending) {

@@ -18,7 +18,12 @@ use uniplane_dataplane::Uid;
 pub mod bounds;
 mod error;
 pub mod limits;
+mod underlay;
 mod unique;
+
+pub use underlay::{
+    ClassConfig, IngressRules, Scheduling, UnderlayConfig, MAX_CLASSES,
+};
 
 pub use error::ConfigError;
 use error::Source;
@@ -53,6 +58,10 @@ struct RawConfig {
     cluster: RawCluster,
     #[serde(default)]
     limits: limits::RawLimits,
+    #[serde(default)]
+    underlay: underlay::RawUnderlay,
+    #[serde(default)]
+    classes: Vec<underlay::RawClass>,
 }
 
 #[derive(Deserialize, Default)]
@@ -110,6 +119,10 @@ struct RawPeer {
     address: Spanned<String>,
     stack: Option<Spanned<String>>,
     tunnel: Option<Spanned<String>>,
+    classes: Option<Vec<Spanned<i64>>>,
+    types: Option<Vec<Spanned<String>>>,
+    max_message: Option<Spanned<i64>>,
+    sources: Option<Vec<Spanned<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -273,6 +286,8 @@ pub struct PeerConfig {
     pub stack: String,
     /// Where its tunnel listener for that stack is.
     pub tunnel: SocketAddr,
+    /// What it may send us.
+    pub ingress: IngressRules,
 }
 
 /// A multi-hop route: traffic from `from` to `to` goes through `via`.
@@ -344,13 +359,17 @@ pub struct Config {
     /// Bounds on the state clients and peers can make the daemon keep
     /// (`[limits]`; `resources` defaults to `max_ports`).
     pub limits: uniplane_control::Limits,
+    /// Traffic classes and how they share each peer's tunnels.
+    pub underlay: UnderlayConfig,
 }
 
 impl Config {
     /// What differs between `self` (running) and `new` that only a
     /// restart can change, as the configuration's section or key names;
     /// empty when `new` changes nothing but what a reload applies live:
-    /// the access rules (`[policy]`).
+    /// the access rules (`[policy]`) and how the classes share the
+    /// tunnels (`[underlay]` scheduling, rate and burst, the classes'
+    /// weights and priorities).
     pub fn needs_restart_for(&self, new: &Config) -> Vec<&'static str> {
         let mut changed = Vec::new();
         let mut check = |differs: bool, name: &'static str| {
@@ -390,11 +409,17 @@ impl Config {
         );
         check(self.secret != new.secret, "cluster.secret");
         check(self.limits != new.limits, "limits");
+        let ids = |c: &Config| c.underlay.classes.iter().map(|k| k.id).collect::<Vec<_>>();
+        check(
+            self.underlay.queue_depth != new.underlay.queue_depth || ids(self) != ids(new),
+            "underlay (queue depth, which classes exist)",
+        );
         // Everything but the access rules: a field added to Config and not
         // named above still refuses the reload rather than being ignored.
         let live = Config {
             rules: self.rules.clone(),
             default_action: self.default_action,
+            underlay: self.underlay.clone(),
             ..new.clone()
         };
         if changed.is_empty() && live != *self {
@@ -529,6 +554,7 @@ impl Config {
             });
         }
 
+        let underlay = underlay::parse(&src, &raw.underlay, &raw.classes)?;
         let mut peers = Vec::new();
         for p in &raw.peers {
             let server = match p.server.get_ref().parse::<Ipv4Addr>() {
@@ -562,6 +588,17 @@ impl Config {
                 address,
                 stack,
                 tunnel,
+                ingress: underlay::ingress(
+                    &src,
+                    &underlay::RawIngress {
+                        classes: p.classes.as_deref(),
+                        types: p.types.as_deref(),
+                        max_message: p.max_message.as_ref(),
+                        sources: p.sources.as_deref(),
+                    },
+                    server,
+                    &underlay,
+                )?,
             });
         }
 
@@ -622,26 +659,7 @@ impl Config {
             let types = if r.types.is_empty() || r.types.iter().any(|t| t.get_ref() == "*") {
                 None
             } else {
-                let mut v = Vec::new();
-                for t in &r.types {
-                    match ReqType::ALL
-                        .iter()
-                        .find(|k| k.name() == t.get_ref().as_str())
-                    {
-                        Some(k) => v.push(*k),
-                        None => {
-                            return src.invalid(
-                                t.span(),
-                                "policy.rules.types",
-                                format!(
-                                    "unknown request type `{}` (SEND, WRTE, READ, …)",
-                                    t.get_ref()
-                                ),
-                            )
-                        }
-                    }
-                }
-                Some(v)
+                Some(request_types(&src, &r.types, "policy.rules.types")?)
             };
             let allow = match r.action.get_ref().as_str() {
                 "allow" => true,
@@ -764,6 +782,7 @@ impl Config {
             misses,
             secret: raw.cluster.secret.clone(),
             limits,
+            underlay,
         };
         unique::refuse_clashes(&src, &raw, &config)?;
         Ok(config)
@@ -790,6 +809,34 @@ impl Config {
 pub const KNOWN_STACKS: &[&str] = &[
     "mem", "shm", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk",
 ];
+
+/// Request types by their wire names (`SEND`, `WRTE`, `READ`, …).
+fn request_types(
+    src: &Source<'_>,
+    list: &[Spanned<String>],
+    field: &str,
+) -> Result<Vec<ReqType>, ConfigError> {
+    let mut v = Vec::new();
+    for t in list {
+        match ReqType::ALL
+            .iter()
+            .find(|k| k.name() == t.get_ref().as_str())
+        {
+            Some(k) => v.push(*k),
+            None => {
+                return src.invalid(
+                    t.span(),
+                    field,
+                    format!(
+                        "unknown request type `{}` (SEND, WRTE, READ, …)",
+                        t.get_ref()
+                    ),
+                )
+            }
+        }
+    }
+    Ok(v)
+}
 
 fn parse_addr(
     src: &Source<'_>,

@@ -243,6 +243,13 @@ impl InterfaceMux {
     /// (see [`next_ready`](Self::next_ready)).
     #[inline]
     pub fn dequeue(&mut self, now: Nanos) -> Option<Message> {
+        self.dequeue_tagged(now).map(|(_, msg)| msg)
+    }
+
+    /// [`dequeue`](Self::dequeue), with the queue the message came from:
+    /// for drivers whose queues lead to different links.
+    #[inline]
+    pub fn dequeue_tagged(&mut self, now: Nanos) -> Option<(usize, Message)> {
         let (q, len) = self.pick()?;
         if let Some(shaper) = &mut self.shaper {
             shaper.try_send(len, now).ok()?;
@@ -257,7 +264,25 @@ impl InterfaceMux {
         }
         self.wire.messages += 1;
         self.wire.bytes += bytes;
-        Some(msg)
+        Some((q, msg))
+    }
+
+    /// Takes every message waiting in `queue` (whose link failed, say),
+    /// oldest first, past the scheduler and the shaper; returns how many.
+    pub fn drain_queue(&mut self, queue: usize, out: &mut impl Extend<Message>) -> usize {
+        let Some(q) = self.queues.0.get_mut(queue) else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some(msg) = q.pop() {
+            out.extend(Some(msg));
+            n += 1;
+        }
+        self.backlog -= n;
+        if self.picked == Some(queue) {
+            self.picked = None;
+        }
+        n
     }
 
     /// Dequeues up to `max` messages at time `now` into `out`; returns how

@@ -110,6 +110,20 @@ pub enum Request {
         #[serde(default)]
         set: Option<String>,
     },
+    /// Shows the traffic classes and how they share each peer's tunnels;
+    /// with `id`, first changes that class's weight or priority (live, on
+    /// every peer's underlay).
+    Class {
+        /// The class to change; none to show.
+        #[serde(default)]
+        id: Option<u8>,
+        /// Its new weight (≥ 1).
+        #[serde(default)]
+        weight: Option<u32>,
+        /// Its new priority (0 is served first).
+        #[serde(default)]
+        priority: Option<u8>,
+    },
     /// Every table and counter of every port the daemon owns, read back
     /// from the forwarding plane (never from the daemon's own copy).
     PlaneDump,
@@ -178,6 +192,14 @@ enum RequestIn {
         #[serde(default)]
         set: Option<String>,
     },
+    Class {
+        #[serde(default)]
+        id: Option<u8>,
+        #[serde(default)]
+        weight: Option<u32>,
+        #[serde(default)]
+        priority: Option<u8>,
+    },
     PlaneDump {},
     Attach {
         name: String,
@@ -225,6 +247,15 @@ impl From<RequestIn> for Request {
             RequestIn::Stats {} => Request::Stats,
             RequestIn::Metrics {} => Request::Metrics,
             RequestIn::Policy { device, set } => Request::Policy { device, set },
+            RequestIn::Class {
+                id,
+                weight,
+                priority,
+            } => Request::Class {
+                id,
+                weight,
+                priority,
+            },
             RequestIn::PlaneDump {} => Request::PlaneDump,
             RequestIn::Attach { name } => Request::Attach { name },
             RequestIn::Listen { port } => Request::Listen { port },

@@ -89,6 +89,8 @@ pub struct PeerSpec {
     pub tunnel_mtu: usize,
     /// The stack its tunnels use, for listings.
     pub stack: String,
+    /// Traffic classes it may open connections in.
+    pub classes: Vec<u8>,
 }
 
 /// Bounds on the state clients and peers can make the core keep. Past a
@@ -145,6 +147,9 @@ pub struct ControlConfig {
     pub verdict_timeout: Duration,
     /// Bounds on the state others create.
     pub limits: Limits,
+    /// The traffic classes connections may name (a class is a tunnel per
+    /// peer, and a queue of its underlay).
+    pub classes: Vec<u8>,
 }
 
 impl ControlConfig {
@@ -164,6 +169,7 @@ impl ControlConfig {
             misses: 5,
             verdict_timeout: Duration::from_secs(2),
             limits: Limits::default(),
+            classes: (0..8).collect(),
         }
     }
 

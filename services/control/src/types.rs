@@ -304,6 +304,21 @@ pub enum Event {
     /// The daemon is stopping: every connection is closed, its local
     /// processes and its peer told (`Closed`), before it goes.
     Shutdown,
+    /// The underlay of the tunnels from `server` dropped a message that
+    /// broke its rules (DUA's filter): the connection it claims to belong
+    /// to is closed (`Denied`; its local ends and the peer told). Without
+    /// ports (a one-sided access), every connection between `src` and
+    /// `dst` through that peer is.
+    Violation {
+        /// The peer whose tunnel carried it.
+        server: Ipv4Addr,
+        /// The message's source and destination.
+        src: Uid,
+        /// Its destination.
+        dst: Uid,
+        /// Its source and destination ports, when it has them.
+        ports: Option<(u16, u16)>,
+    },
 }
 
 /// Whether a notice announces a connection or its end.

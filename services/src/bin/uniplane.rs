@@ -61,6 +61,11 @@ enum Command {
         #[command(subcommand)]
         what: ClusterCommand,
     },
+    /// The traffic classes and how they share each peer's tunnels.
+    Class {
+        #[command(subcommand)]
+        what: Option<ClassCommand>,
+    },
     /// Shows or sets a device port's scheduling policy.
     Policy {
         /// Device number.
@@ -114,6 +119,24 @@ enum Command {
         /// Bytes to read.
         #[arg(long)]
         len: u16,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClassCommand {
+    /// Shows the classes (the default).
+    Show,
+    /// Changes a class's weight or priority, live, on every peer's
+    /// underlay (until the next reload or restart).
+    Set {
+        /// The class.
+        id: u8,
+        /// Its share against the other classes (≥ 1).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// 0 is served first (with `scheduling = "priority"`).
+        #[arg(long)]
+        priority: Option<u8>,
     },
 }
 
@@ -205,6 +228,41 @@ async fn run(args: &Args) -> Result<(), ClientError> {
                 println!("{v}");
             } else {
                 print!("{}", v["text"].as_str().unwrap_or_default());
+            }
+            return Ok(());
+        }
+        Command::Class { what } => {
+            let req = match what {
+                None | Some(ClassCommand::Show) => Request::Class {
+                    id: None,
+                    weight: None,
+                    priority: None,
+                },
+                Some(ClassCommand::Set {
+                    id,
+                    weight,
+                    priority,
+                }) => Request::Class {
+                    id: Some(*id),
+                    weight: *weight,
+                    priority: *priority,
+                },
+            };
+            let v = client.request(&req).await?;
+            if args.json {
+                println!("{v}");
+            } else {
+                println!(
+                    "scheduling: {}, rate: {}",
+                    v["scheduling"].as_str().unwrap_or("?"),
+                    v["rate_bytes_per_sec"]
+                        .as_u64()
+                        .map_or("unshaped".to_string(), |r| format!(
+                            "{} Mb/s",
+                            r * 8 / 1_000_000
+                        ))
+                );
+                print(false, &v["classes"]);
             }
             return Ok(());
         }

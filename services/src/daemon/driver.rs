@@ -20,7 +20,9 @@ use uniplane_dataplane::{BoxLink, Message};
 use uniplane_overlay::{IoSlot, PlaneOp, PortId, PortKind};
 
 use super::observe::SetupHistogram;
-use super::{ClientOutcome, DaemonError, Input, Shared};
+use super::underlay;
+use super::{ClientOutcome, DaemonError, Input, Shared, UnderlayChange};
+use crate::config::UnderlayConfig;
 use crate::control::{conn_spec, PeerRequest};
 use uniplane_overlay::PlaneReply;
 
@@ -62,8 +64,14 @@ pub(super) struct Driver {
     in_ports: HashMap<TunnelId, PortId>,
     /// Opened tunnel links waiting for their port.
     opening: HashMap<(Ipv4Addr, u8), BoxLink>,
-    inbound_links: HashMap<TunnelId, BoxLink>,
+    inbound_links: HashMap<TunnelId, (Ipv4Addr, u8, BoxLink)>,
     next_tunnel: TunnelId,
+    /// The underlay of each peer's tunnels, and which peer a tunnel port
+    /// leads to.
+    underlays: HashMap<Ipv4Addr, super::underlay::Handle>,
+    tunnel_peer: HashMap<PortId, Ipv4Addr>,
+    /// The classes' weights and the rate in force (changed live).
+    pub(super) underlay: UnderlayConfig,
     peer_tx: HashMap<Ipv4Addr, mpsc::Sender<PeerRequest>>,
     notices: Option<mpsc::Sender<Message>>,
     /// Connection setup times, local and cross-server.
@@ -76,6 +84,7 @@ impl Driver {
         config: ControlConfig,
         rx: mpsc::Receiver<Input>,
     ) -> Driver {
+        let underlay = shared.config.underlay.clone();
         Driver {
             shared,
             core: Control::new(config, Duration::ZERO),
@@ -91,6 +100,9 @@ impl Driver {
             opening: HashMap::new(),
             inbound_links: HashMap::new(),
             next_tunnel: 1,
+            underlays: HashMap::new(),
+            tunnel_peer: HashMap::new(),
+            underlay,
             peer_tx: HashMap::new(),
             notices: None,
             setup: Default::default(),
@@ -211,7 +223,7 @@ impl Driver {
             } => {
                 let tunnel = self.next_tunnel;
                 self.next_tunnel += 1;
-                self.inbound_links.insert(tunnel, link);
+                self.inbound_links.insert(tunnel, (from, class, link));
                 self.event(Event::InboundTunnel {
                     tunnel,
                     from,
@@ -221,6 +233,7 @@ impl Driver {
             }
             Input::BridgeEnded { port } => {
                 self.bridges.remove(&port);
+                self.tunnel_peer.remove(&port);
                 let out = self.out_ports.iter().find(|(_, p)| **p == port);
                 if let Some((&(server, class), _)) = out {
                     self.event(Event::TunnelFailed { server, class });
@@ -237,6 +250,9 @@ impl Driver {
                 self.event(Event::PlaneDone { batch, results });
             }
             Input::Inspect(f) => f(self),
+            Input::Underlay { change, reply } => {
+                let _ = reply.send(self.change_underlay(change));
+            }
             Input::Operator(e) => self.event(e),
         }
     }
@@ -268,6 +284,7 @@ impl Driver {
                 if let Some(b) = self.bridges.remove(&port) {
                     b.abort();
                 }
+                self.stop_carrying(port);
                 self.out_ports.retain(|_, p| *p != port);
                 self.in_ports.retain(|_, p| *p != port);
             }
@@ -328,9 +345,7 @@ impl Driver {
             Action::DropTunnel { tunnel } => {
                 self.inbound_links.remove(&tunnel);
                 if let Some(port) = self.in_ports.remove(&tunnel) {
-                    if let Some(b) = self.bridges.remove(&port) {
-                        b.abort();
-                    }
+                    self.stop_carrying(port);
                 }
             }
             Action::ClosePeerChannel { server } => {
@@ -410,35 +425,171 @@ impl Driver {
                     return;
                 };
                 self.out_ports.insert((server, class), port);
-                self.bridge(port, link, ring);
+                self.carry(server, port, class, false, link, ring);
             }
             (PortUse::TunnelIn { tunnel }, PortLink::Ring(ring)) => {
-                let Some(link) = self.inbound_links.remove(&tunnel) else {
+                let Some((from, class, link)) = self.inbound_links.remove(&tunnel) else {
                     return;
                 };
                 self.in_ports.insert(tunnel, port);
-                self.bridge(port, link, ring);
+                self.carry(from, port, class, true, link, ring);
             }
             (usage, _) => tracing::warn!(port, ?usage, "a ready port with the wrong kind of link"),
         }
     }
 
-    fn bridge(&mut self, port: PortId, link: BoxLink, ring: RingLink) {
-        let shared = self.shared.clone();
-        let stall = self.core.config().failure_after();
-        let task = tokio::spawn(async move {
-            let ended = super::watch::bridge(link, ring, stall).await;
-            match ended.error {
-                Some(e) => tracing::warn!(
-                    port,
-                    answered = ended.answered,
-                    "tunnel failed: {e}; its queued requests were answered PeerFailed"
-                ),
-                None => tracing::debug!(port, "tunnel ended"),
+    /// Hands a tunnel to the underlay of its peer, started on its first
+    /// tunnel.
+    fn carry(
+        &mut self,
+        server: Ipv4Addr,
+        port: PortId,
+        class: u8,
+        inbound: bool,
+        link: BoxLink,
+        ring: RingLink,
+    ) {
+        if !self.underlays.contains_key(&server) {
+            match self.start_underlay(server) {
+                Ok(h) => {
+                    self.underlays.insert(server, h);
+                }
+                Err(e) => {
+                    tracing::error!(%server, "underlay: {e}");
+                    return;
+                }
             }
-            shared.input(Input::BridgeEnded { port }).await;
+        }
+        let add = underlay::Command::Add {
+            port,
+            class,
+            inbound,
+            link,
+            ring,
+        };
+        let sent = self
+            .underlays
+            .get(&server)
+            .map(|h| h.commands.try_send(add).is_ok());
+        if sent == Some(true) {
+            self.tunnel_peer.insert(port, server);
+        } else {
+            tracing::error!(%server, port, "underlay: its command queue is full");
+        }
+    }
+
+    fn start_underlay(&mut self, server: Ipv4Addr) -> Result<underlay::Handle, String> {
+        let peer = self
+            .shared
+            .config
+            .peers
+            .iter()
+            .find(|p| p.server == server)
+            .ok_or("not a configured peer")?;
+        let (tx, mut rx) = mpsc::channel(1024);
+        let handle = underlay::spawn(
+            underlay::filter_rules(&peer.ingress),
+            underlay::Shape::of(&self.underlay),
+            self.underlay.queue_depth,
+            self.core.config().failure_after(),
+            tx,
+        )?;
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            while let Some(report) = rx.recv().await {
+                let input = match report {
+                    underlay::Report::Violation {
+                        src,
+                        dst,
+                        ports,
+                        violation,
+                    } => {
+                        tracing::warn!(%server, %src, %dst, "underlay dropped a message: {violation}");
+                        Input::Core(Event::Violation {
+                            server,
+                            src,
+                            dst,
+                            ports,
+                        })
+                    }
+                    underlay::Report::Ended {
+                        port,
+                        error,
+                        answered,
+                    } => {
+                        if let Some(e) = error {
+                            tracing::warn!(
+                                %server,
+                                port,
+                                answered,
+                                "tunnel failed: {e}; its queued requests were answered PeerFailed"
+                            );
+                        }
+                        Input::BridgeEnded { port }
+                    }
+                };
+                shared.input(input).await;
+            }
         });
-        self.bridges.insert(port, task.abort_handle());
+        Ok(handle)
+    }
+
+    /// The tunnel at `port` is gone from the core: its underlay lets it go.
+    fn stop_carrying(&mut self, port: PortId) {
+        let Some(server) = self.tunnel_peer.remove(&port) else {
+            return;
+        };
+        if let Some(h) = self.underlays.get(&server) {
+            let _ = h.commands.try_send(underlay::Command::Remove { port });
+        }
+    }
+
+    /// Applies a change to the classes' sharing to every peer's underlay.
+    fn change_underlay(&mut self, change: UnderlayChange) -> Result<UnderlayConfig, String> {
+        let mut next = self.underlay.clone();
+        match change {
+            UnderlayChange::Whole(u) => next = u,
+            UnderlayChange::Class {
+                id,
+                weight,
+                priority,
+            } => {
+                let class = next
+                    .classes
+                    .iter_mut()
+                    .find(|c| c.id == id)
+                    .ok_or_else(|| format!("no traffic class {id}"))?;
+                if weight == Some(0) {
+                    return Err("a weight of 0 would starve the class".into());
+                }
+                if priority.is_some_and(|p| usize::from(p) >= crate::config::MAX_CLASSES) {
+                    return Err("priorities are 0 (first) to 7".into());
+                }
+                class.weight = weight.unwrap_or(class.weight);
+                class.priority = priority.unwrap_or(class.priority);
+            }
+        }
+        let ids = |u: &UnderlayConfig| u.classes.iter().map(|c| c.id).collect::<Vec<_>>();
+        if ids(&next) != ids(&self.underlay) || next.queue_depth != self.underlay.queue_depth {
+            return Err("which classes exist and the queue depth change only at a restart".into());
+        }
+        let shape = underlay::Shape::of(&next);
+        for h in self.underlays.values() {
+            let _ = h.commands.try_send(underlay::Command::Shape(shape.clone()));
+        }
+        self.underlay = next.clone();
+        Ok(next)
+    }
+
+    /// Counters of each peer's underlay.
+    pub(super) fn underlay_counters(&self) -> Vec<(Ipv4Addr, Arc<underlay::Counters>)> {
+        let mut v: Vec<_> = self
+            .underlays
+            .iter()
+            .map(|(s, h)| (*s, h.counters.clone()))
+            .collect();
+        v.sort_by_key(|(s, _)| *s);
+        v
     }
 
     fn answer(&mut self, request: RequestId, result: Result<Reply, ControlError>) {

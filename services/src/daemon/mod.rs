@@ -22,6 +22,7 @@ mod seal;
 mod security;
 mod sessions;
 mod tunnels;
+mod underlay;
 mod watch;
 
 use std::net::Ipv4Addr;
@@ -143,6 +144,24 @@ enum Input {
     Inspect(Box<dyn FnOnce(&driver::Driver) + Send>),
     /// An event for the core from the operator (a reload, a stop).
     Operator(uniplane_control::Event),
+    /// A change to how the classes share the peers' tunnels; the answer
+    /// is the sharing now in force.
+    Underlay {
+        change: UnderlayChange,
+        reply: oneshot::Sender<Result<crate::config::UnderlayConfig, String>>,
+    },
+}
+
+/// A change to the underlay's sharing, applied live.
+enum UnderlayChange {
+    /// A reloaded configuration's.
+    Whole(crate::config::UnderlayConfig),
+    /// One class's weight or priority (`uniplane class set`).
+    Class {
+        id: u8,
+        weight: Option<u32>,
+        priority: Option<u8>,
+    },
 }
 
 /// What a client request came to; `token` opens the data path of a
@@ -296,9 +315,20 @@ impl Daemon {
                 default_action: core.default_action,
             }))
             .await;
-        // Inputs are taken in order: once this look is answered, the
-        // rules are in the core and its plane batch is under way.
-        self.shared.inspect(|_| ()).await;
+        let (reply, applied) = oneshot::channel();
+        self.shared
+            .input(Input::Underlay {
+                change: UnderlayChange::Whole(new.underlay.clone()),
+                reply,
+            })
+            .await;
+        // Inputs are taken in order: once this is answered, the rules are
+        // in the core (its plane batch under way) and the new sharing is
+        // on its way to every peer's underlay. Which classes exist was
+        // checked above, so the change is accepted.
+        if let Ok(Err(e)) = applied.await {
+            tracing::warn!("reload: underlay: {e}");
+        }
         Ok(())
     }
 
@@ -379,6 +409,7 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
             .map(|p| PeerSpec {
                 server: p.server,
                 stack: p.stack.clone(),
+                classes: p.ingress.classes.clone(),
                 tunnel_mtu: stacks
                     .iter()
                     .find(|s| s.name() == p.stack)
@@ -409,5 +440,6 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
         misses: config.misses,
         verdict_timeout: Duration::from_secs(2),
         limits: config.limits,
+        classes: config.underlay.classes.iter().map(|c| c.id).collect(),
     }
 }

@@ -31,9 +31,15 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
                 .iter()
                 .find(|c| c.server == p.server)
                 .map(|c| c.address.to_string());
+            let underlay = d
+                .underlay_counters()
+                .into_iter()
+                .find(|(s, _)| *s == p.server)
+                .map(|(_, c)| underlay_json(&c));
             json!({
                 "server": p.server.to_string(), "address": address,
                 "alive": p.alive, "failures": p.failures,
+                "underlay": underlay,
             })
         })
         .collect();
@@ -47,6 +53,40 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
         "connections": core.connections().count(),
         "stacks": shared.stacks.iter().map(|s| s.name()).collect::<Vec<_>>(),
         "peers": peers,
+        "classes": classes_json(&d.underlay),
+    })
+}
+
+/// A peer's underlay counters.
+fn underlay_json(c: &super::underlay::Counters) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dropped: serde_json::Map<String, serde_json::Value> = uniplane_underlay::Reason::ALL
+        .iter()
+        .zip(&c.dropped)
+        .map(|(r, n)| (r.name().to_string(), json!(n.load(Relaxed))))
+        .collect();
+    json!({
+        "tunnels": c.tunnels.load(Relaxed),
+        "sent": c.sent.load(Relaxed),
+        "sent_bytes": c.sent_bytes.load(Relaxed),
+        "backlog": c.backlog.load(Relaxed),
+        "passed": c.passed.load(Relaxed),
+        "dropped": dropped,
+        "dropped_total": c.dropped_total(),
+        "lost_reports": c.lost_reports.load(Relaxed),
+    })
+}
+
+/// The classes and how they share the peers' tunnels.
+pub(super) fn classes_json(u: &crate::config::UnderlayConfig) -> serde_json::Value {
+    json!({
+        "scheduling": format!("{:?}", u.scheduling).to_lowercase(),
+        "rate_bytes_per_sec": u.rate,
+        "burst_bytes": u.burst,
+        "queue_depth": u.queue_depth,
+        "classes": u.classes.iter().map(|c| json!({
+            "id": c.id, "name": c.name, "weight": c.weight, "priority": c.priority,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -286,6 +326,7 @@ pub(super) async fn metrics_text(shared: &Shared) -> String {
                     u8::from(p.alive)
                 ));
             }
+            underlay_metrics(&mut gauges, &d.underlay_counters());
             (ports(d), gauges)
         })
         .await;
@@ -310,6 +351,46 @@ pub(super) async fn metrics_text(shared: &Shared) -> String {
         ));
     }
     out
+}
+
+/// Each peer's underlay counters in Prometheus text.
+fn underlay_metrics(
+    out: &mut String,
+    peers: &[(std::net::Ipv4Addr, Arc<super::underlay::Counters>)],
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    type Family = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&super::underlay::Counters) -> u64,
+    );
+    const FAMILIES: [Family; 5] = [
+        ("uniplane_underlay_sent_messages_total", "counter", "Messages the underlay let leave for a peer", |c| c.sent.load(Relaxed)),
+        ("uniplane_underlay_sent_bytes_total", "counter", "Bytes the underlay let leave for a peer", |c| c.sent_bytes.load(Relaxed)),
+        ("uniplane_underlay_passed_total", "counter", "Messages from a peer that passed the filter", |c| c.passed.load(Relaxed)),
+        ("uniplane_underlay_backlog", "gauge", "Messages waiting in a peer's class queues", |c| c.backlog.load(Relaxed)),
+        ("uniplane_underlay_lost_reports_total", "counter", "Violations the control core was not told of (its queue was full)", |c| c.lost_reports.load(Relaxed)),
+    ];
+    for (name, kind, help, get) in FAMILIES {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (server, c) in peers {
+            out.push_str(&format!("{name}{{server=\"{server}\"}} {}\n", get(c)));
+        }
+    }
+    let name = "uniplane_underlay_dropped_total";
+    out.push_str(&format!(
+        "# HELP {name} Messages from a peer the filter dropped, by the rule broken\n# TYPE {name} counter\n"
+    ));
+    for (server, c) in peers {
+        for (reason, n) in uniplane_underlay::Reason::ALL.iter().zip(&c.dropped) {
+            out.push_str(&format!(
+                "{name}{{server=\"{server}\",reason=\"{}\"}} {}\n",
+                reason.name(),
+                n.load(Relaxed)
+            ));
+        }
+    }
 }
 
 pub(super) async fn serve_metrics(shared: Arc<Shared>, listener: TcpListener) {

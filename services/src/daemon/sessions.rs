@@ -113,6 +113,39 @@ async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
         CtlRequest::Tables { device } => observe::tables(shared, device).await,
         CtlRequest::Stats => Answer::ok(observe::stats(shared).await),
         CtlRequest::PlaneDump => observe::plane_dump(shared).await,
+        CtlRequest::Class {
+            id: None,
+            weight: None,
+            priority: None,
+        } => shared
+            .inspect(|d| observe::classes_json(&d.underlay))
+            .await
+            .map_or_else(gone, Answer::ok),
+        CtlRequest::Class { id: None, .. } => {
+            Answer::err("bad-request", "name the class to change (id)")
+        }
+        CtlRequest::Class {
+            id: Some(id),
+            weight,
+            priority,
+        } => {
+            let (reply, rx) = tokio::sync::oneshot::channel();
+            shared
+                .input(super::Input::Underlay {
+                    change: super::UnderlayChange::Class {
+                        id,
+                        weight,
+                        priority,
+                    },
+                    reply,
+                })
+                .await;
+            match rx.await {
+                Ok(Ok(u)) => Answer::ok(observe::classes_json(&u)),
+                Ok(Err(e)) => Answer::err("bad-request", e),
+                Err(_) => gone(),
+            }
+        }
         CtlRequest::Metrics => Answer::ok(json!({ "text": observe::metrics_text(shared).await })),
         CtlRequest::Policy { device, set } => {
             let port = shared

@@ -102,9 +102,9 @@ async fn accept(
             "the first frame is not a tunnel hello to this daemon",
         ));
     }
-    if !shared.config.peers.iter().any(|p| p.server == from) {
+    let Some(peer) = shared.config.peers.iter().find(|p| p.server == from) else {
         return Err(refuse("not a peer of this server"));
-    }
+    };
     let secret = shared
         .secret
         .as_ref()
@@ -114,7 +114,17 @@ async fn accept(
         .as_ref()
         .try_into()
         .map_err(|_| refuse("the hello carries no nonce"))?;
-    let class = hello.header().request.ports().map_or(0, |(c, _)| c as u8);
+    let class = hello
+        .header()
+        .request
+        .ports()
+        .and_then(|(c, _)| u8::try_from(c).ok())
+        .ok_or_else(|| refuse("the hello names no traffic class"))?;
+    if !peer.ingress.classes.contains(&class) {
+        return Err(refuse(&format!(
+            "traffic class {class} is not allowed from this peer"
+        )));
+    }
     let opener = Uid::new(from, DAEMON_DEVICE);
     let our_nonce = nonce();
     let hs = handshake(secret, opener, class, shared.uid(), opener_nonce, our_nonce);

@@ -61,7 +61,11 @@ impl Control {
                         dst,
                         dst_port,
                     };
-                    match self.connect(session, request, key, class) {
+                    let peer = (dst.server() != self.config.server).then(|| dst.server());
+                    match self
+                        .class_allowed(class, peer)
+                        .and_then(|()| self.connect(session, request, key, class))
+                    {
                         Ok(()) => return,
                         Err(e) => Err(e),
                     }

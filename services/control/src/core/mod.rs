@@ -59,6 +59,7 @@ mod connections;
 mod peers;
 mod picture;
 mod plane;
+mod underlay;
 mod views;
 
 use self::picture::connectionless_rules;
@@ -532,6 +533,12 @@ impl Control {
                 default_action,
             } => self.set_rules(rules, default_action),
             Event::Shutdown => self.shut_down(),
+            Event::Violation {
+                server,
+                src,
+                dst,
+                ports,
+            } => self.violation(server, src, dst, ports),
             Event::InboundTunnel {
                 tunnel,
                 from,

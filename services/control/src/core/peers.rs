@@ -46,7 +46,10 @@ impl Control {
                 }
             }
             PeerMsg::Connect { conn, class } => {
-                if let Err(e) = self.admit_from_peer(server, conn, class, request) {
+                let admitted = self
+                    .class_allowed(class, Some(server))
+                    .and_then(|()| self.admit_from_peer(server, conn, class, request));
+                if let Err(e) = admitted {
                     self.answer(request, Err(e));
                 }
             }

@@ -161,6 +161,7 @@ pub fn config() -> ControlConfig {
         server: PEER,
         tunnel_mtu: 1400,
         stack: "tcp".into(),
+        classes: (0..8).collect(),
     }];
     c.heartbeat = Duration::from_millis(50);
     c.misses = 4;
