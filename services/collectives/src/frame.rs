@@ -10,7 +10,7 @@
 //!
 //! Big-endian. `value` is, by kind: DATA the whole message's length;
 //! RTS the length offered; CTS the receiver's window address; FIN the
-//! length written; CREDIT the bytes returned; HELLO the sender's world
+//! length written; CREDIT the bytes returned; WELCOME the sender's world
 //! rank. `offset` is where a DATA segment's bytes go in its message.
 //! [`Frame::parse`] checks everything once; a bad frame is an error,
 //! counted and dropped by the caller, never a panic.
@@ -40,12 +40,12 @@ pub enum Kind {
     Fin = 4,
     /// Flow control: the receiver consumed `value` bytes of its window.
     Credit = 5,
-    /// Connection setup, connector to acceptor: "are you there?" (the
-    /// connector's world rank); answered with [`Kind::Welcome`].
-    Hello = 6,
+    // 6 was HELLO, the connector asking again for a WELCOME it had not
+    // got: retired once the caller's daemon admitted a connection before
+    // the acceptor heard of it.
     /// Connection setup, acceptor to connector: the acceptor's world rank.
-    /// Sent on accepting and in answer to every [`Kind::Hello`]; the
-    /// connector sends no data before one arrives.
+    /// Sent once, on accepting; the connector sends no data before it
+    /// arrives.
     Welcome = 7,
 }
 
@@ -57,7 +57,6 @@ impl Kind {
             3 => Kind::Cts,
             4 => Kind::Fin,
             5 => Kind::Credit,
-            6 => Kind::Hello,
             7 => Kind::Welcome,
             _ => return None,
         })

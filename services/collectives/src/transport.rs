@@ -201,14 +201,7 @@ impl Peer {
     }
 
     /// A peer reached over `conn` (set up and greeted already).
-    /// `me` is this process's world rank (for answering a late HELLO).
-    pub(crate) fn over(
-        me: usize,
-        rank: usize,
-        conn: Connection,
-        limits: Limits,
-        stats: Arc<Stats>,
-    ) -> Peer {
+    pub(crate) fn over(rank: usize, conn: Connection, limits: Limits, stats: Arc<Stats>) -> Peer {
         let inbox: Arc<Inbox> = Arc::default();
         let credits = Arc::new(Semaphore::new(limits.window as usize));
         let (out, out_rx) = mpsc::channel(256);
@@ -225,8 +218,6 @@ impl Peer {
             stats,
             limits,
             partial: None,
-            me: me as u64,
-            answer: None,
         }));
         Peer {
             rank,
@@ -455,10 +446,6 @@ struct Pump {
     stats: Arc<Stats>,
     limits: Limits,
     partial: Option<Partial>,
-    /// This process's world rank.
-    me: u64,
-    /// A control frame to send before anything else (a WELCOME).
-    answer: Option<Bytes>,
 }
 
 /// Moves one connection's frames both ways until it closes or the rank
@@ -470,14 +457,7 @@ async fn pump(mut p: Pump) {
             m = p.conn.recv() => match m {
                 None => break "the connection closed".to_string(),
                 Some(Err(e)) => break e.to_string(),
-                Some(Ok(m)) => {
-                    p.handle(m);
-                    if let Some(f) = p.answer.take() {
-                        if let Err(e) = p.send(vec![f]).await {
-                            break e;
-                        }
-                    }
-                }
+                Some(Ok(m)) => p.handle(m),
             },
             batch = p.out.recv() => match batch {
                 None => break "the communicator was dropped".to_string(),
@@ -533,11 +513,6 @@ impl Pump {
                     return self.malformed(format!("credit of {} bytes", f.value));
                 }
                 self.credits.add_permits(f.value as usize);
-            }
-            // The connector asks again when our first WELCOME was slow or
-            // lost: answer every time; duplicates of ours are harmless.
-            Kind::Hello => {
-                self.answer = Some(frame::control(Kind::Welcome, f.key, self.me));
             }
             Kind::Welcome => {}
         }

@@ -8,8 +8,8 @@
 //! with its name, UID and listening ports) until all `size` names are
 //! there, listening. Rank `i` connects to every rank `j > i` and accepts
 //! from every rank `j < i`; the acceptor greets each connection with a
-//! WELCOME frame and the connector sends nothing before it arrives,
-//! asking again (HELLO) every 200 ms until it does.
+//! WELCOME frame, once, and the connector sends nothing before it
+//! arrives.
 //!
 //! The job id, rank and size come from the environment (see
 //! [`WorldSpec::from_env`]), so programs run under `uniplane-run`,
@@ -32,10 +32,6 @@ use crate::frame::{self, Frame, Key, Kind};
 use crate::transport::{Limits, Peer, Stats};
 use crate::tuning::Tuning;
 use crate::Error;
-
-/// How long a connector waits for the acceptor's WELCOME before asking
-/// again.
-const HELLO_AGAIN: Duration = Duration::from_millis(200);
 
 /// The launcher's environment variables (`uniplane-run` sets them).
 pub mod env {
@@ -228,34 +224,20 @@ pub async fn join(
         let target = uids[j].port(options.port);
         async move {
             let mut conn = session.connect(target).await?;
-            // The acceptor speaks first (WELCOME): data sent before it has
-            // accepted could be lost. A WELCOME can itself be lost when it
-            // beats our side's view of the connection (seen across a
-            // tunnel), so ask again (HELLO) until one arrives.
-            let hello = frame::control(Kind::Hello, Key { comm: 0, tag: 0 }, me as u64);
-            loop {
-                let wait = (Instant::now() + HELLO_AGAIN).min(deadline);
-                match tokio::time::timeout_at(wait, conn.recv()).await {
-                    Err(_) if Instant::now() >= deadline => {
-                        return Err(Error::Setup(format!("rank {j} did not greet in time")));
+            // The acceptor speaks first (WELCOME), once: data sent before
+            // it has accepted could be lost. Its WELCOME cannot be: our
+            // daemon admits the connection before the acceptor's hears of
+            // it, across a tunnel too.
+            match tokio::time::timeout_at(deadline, conn.recv()).await {
+                Err(_) => Err(Error::Setup(format!("rank {j} did not greet in time"))),
+                Ok(None) => Err(Error::Setup(format!("rank {j} closed before greeting"))),
+                Ok(Some(Err(e))) => Err(Error::Setup(format!("rank {j}: {e}"))),
+                Ok(Some(Ok(m))) => match Frame::parse(m.payload()) {
+                    Ok(f) if f.kind == Kind::Welcome && f.value == j as u64 => {
+                        Ok::<_, Error>((j, conn))
                     }
-                    Err(_) => conn
-                        .send_bytes(hello.clone())
-                        .await
-                        .map_err(|e| Error::Setup(format!("asking rank {j}: {e}")))?,
-                    Ok(None) => {
-                        return Err(Error::Setup(format!("rank {j} closed before greeting")))
-                    }
-                    Ok(Some(Err(e))) => return Err(Error::Setup(format!("rank {j}: {e}"))),
-                    Ok(Some(Ok(m))) => match Frame::parse(m.payload()) {
-                        Ok(f) if f.kind == Kind::Welcome && f.value == j as u64 => {
-                            return Ok::<_, Error>((j, conn))
-                        }
-                        other => {
-                            return Err(Error::Setup(format!("rank {j} greeted with {other:?}")))
-                        }
-                    },
-                }
+                    other => Err(Error::Setup(format!("rank {j} greeted with {other:?}"))),
+                },
             }
         }
     }));
@@ -270,7 +252,7 @@ pub async fn join(
     let mut conns: HashMap<usize, Connection> = accepted.into_iter().chain(connected).collect();
     let peers = (0..spec.size)
         .map(|i| match conns.remove(&i) {
-            Some(conn) => Peer::over(me, i, conn, limits, stats.clone()),
+            Some(conn) => Peer::over(i, conn, limits, stats.clone()),
             None => Peer::own(i),
         })
         .collect();

@@ -22,7 +22,7 @@ fn connected(r: Result<Reply, ControlError>) -> ConnKey {
 }
 
 #[test]
-fn a_remote_connection_is_installed_only_after_the_peers_verdict() {
+fn a_remote_connection_opens_only_with_the_peers_verdict() {
     let mut h = Harness::new(config());
     h.peer_up(PEER);
     let client = h.attach(A, "client");
@@ -550,5 +550,253 @@ fn a_class_tunnel_that_never_opens_times_the_connect_out() {
     let a = h.answer(req).expect("answered");
     assert_eq!(a.unwrap_err().kind(), "timeout");
     assert!(h.core.pending_connections().next().is_none());
+    h.check();
+}
+
+/// Whether any port of the plane admits `key` (either direction), or a
+/// translator steers it.
+fn anywhere(h: &Harness, key: ConnKey) -> bool {
+    h.plane.translations.contains_key(&key)
+        || h.plane
+            .ports
+            .values()
+            .any(|p| p.allows.contains(&key) || p.allows.contains(&key.reversed()))
+}
+
+/// A peer that is up and has opened its class-0 tunnel to us (the way
+/// its processes' traffic comes in): its port.
+fn peer_with_inbound_tunnel(h: &mut Harness) -> u16 {
+    h.peer_up(PEER);
+    h.event(Event::InboundTunnel {
+        tunnel: 7,
+        from: PEER,
+        class: 0,
+        mtu: 1400,
+    });
+    h.core.inbound_tunnels()[0].port
+}
+
+/// Asks for a connection to the peer's 10.0.0.2:5 port 9 (class 0).
+fn ask_remote(h: &mut Harness, class: u8) -> RequestId {
+    h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.2:5"),
+            dst_port: 9,
+            class,
+        },
+    )
+}
+
+fn asked(h: &mut Harness) -> Vec<ConnKey> {
+    h.sent_to_peer()
+        .into_iter()
+        .filter_map(|(_, m)| match m {
+            PeerMsg::Connect { conn, .. } => Some(conn),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_callers_end_admits_the_peers_first_message_before_the_peer_is_asked() {
+    let mut h = Harness::new(config());
+    let inbound = peer_with_inbound_tunnel(&mut h);
+    let client = h.attach(A, "client");
+    let client_port = h.core.resource(client.device()).unwrap().port;
+    h.hold = true;
+    let req = ask_remote(&mut h, 0);
+    assert!(
+        asked(&mut h).is_empty(),
+        "the peer is not asked while our end is being installed"
+    );
+    assert_eq!(h.held.len(), 1, "one batch installs our end");
+    h.release();
+    let key = match asked(&mut h).as_slice() {
+        [k] => *k,
+        other => panic!("{other:?}"),
+    };
+    // The moment the peer is asked, what its acceptor sends back (it may
+    // send as soon as its daemon tells it) gets in: through the tunnel it
+    // arrives on, to the caller's port; and the caller's own traffic is
+    // steered into the tunnel.
+    let back = key.reversed();
+    assert!(h.plane.ports[&inbound].allows.contains(&back));
+    assert!(h.plane.ports[&client_port].allows.contains(&back));
+    let tunnel = h.core.peers()[0].tunnels[0].1;
+    assert_eq!(h.plane.translations.get(&key), Some(&tunnel));
+    assert!(h.answer(req).is_none(), "the caller waits for the verdict");
+    h.check();
+    // The verdict changes nothing in the plane; it answers the caller.
+    let before = h.plane.ports[&inbound].allows.clone();
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn: key,
+        verdict: Ok(()),
+    });
+    assert_eq!(connected(h.answer(req).expect("answered")), key);
+    assert_eq!(h.plane.ports[&inbound].allows, before);
+    h.check();
+}
+
+#[test]
+fn a_connection_waiting_for_its_tunnel_is_installed_before_the_peer_is_asked() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    let req = ask_remote(&mut h, 3);
+    let waiting: Vec<ConnKey> = h.core.pending_connections().copied().collect();
+    assert_eq!(waiting.len(), 1);
+    assert!(!anywhere(&h, waiting[0]), "nothing before its tunnel opens");
+    h.check();
+    h.hold = true;
+    h.event(Event::TunnelOpened {
+        server: PEER,
+        class: 3,
+    });
+    // The tunnel's port and entries, then our end: the peer is asked
+    // after all of them, one batch at a time.
+    let got = loop {
+        let got = asked(&mut h);
+        if !got.is_empty() {
+            break got;
+        }
+        assert_eq!(h.held.len(), 1, "one batch at a time, and not stuck");
+        let (batch, ops) = h.held.remove(0);
+        let results: Vec<_> = ops.iter().map(|op| h.plane.apply(op)).collect();
+        h.core.handle(
+            Event::PlaneDone {
+                batch,
+                results: Ok(results),
+            },
+            h.now,
+        );
+        h.pump();
+    };
+    assert_eq!(got, waiting);
+    assert!(anywhere(&h, waiting[0]), "admitted when the peer is asked");
+    h.hold = false;
+    h.check();
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn: waiting[0],
+        verdict: Ok(()),
+    });
+    assert_eq!(connected(h.answer(req).unwrap()), waiting[0]);
+    h.check();
+}
+
+#[test]
+fn a_refused_connection_leaves_no_entries_behind() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    let req = ask_remote(&mut h, 0);
+    let key = asked(&mut h)[0];
+    assert!(anywhere(&h, key));
+    h.event(Event::PeerVerdict {
+        server: PEER,
+        conn: key,
+        verdict: Err("nothing listens".into()),
+    });
+    assert_eq!(h.answer(req).unwrap().unwrap_err().kind(), "refused");
+    assert!(!anywhere(&h, key));
+    h.check();
+}
+
+#[test]
+fn a_timed_out_connection_leaves_no_entries_behind() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    let req = ask_remote(&mut h, 0);
+    let key = asked(&mut h)[0];
+    let timeout = h.core.config().verdict_timeout;
+    while h.answer(req).is_none() {
+        assert!(h.now <= timeout, "no timeout");
+        assert!(anywhere(&h, key), "admitted while it waits");
+        h.advance(Duration::from_millis(40));
+        h.event(Event::PeerMessage {
+            server: PEER,
+            msg: PeerMsg::Heartbeat,
+            request: 0,
+        });
+    }
+    assert!(!anywhere(&h, key));
+    assert!(h
+        .sent_to_peer()
+        .contains(&(PEER, PeerMsg::Close { conn: key })));
+    h.check();
+}
+
+#[test]
+fn a_verdict_deadline_that_passes_during_a_batch_expires_after_it() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    let req = ask_remote(&mut h, 0);
+    let key = asked(&mut h)[0];
+    // Another client attaches; its batch is held past the deadline.
+    h.hold = true;
+    h.request(
+        2,
+        ClientRequest::Attach {
+            name: "late".into(),
+        },
+    );
+    let timeout = h.core.config().verdict_timeout;
+    h.advance(timeout + Duration::from_millis(10));
+    assert!(h.answer(req).is_none(), "not while a batch is in flight");
+    h.release();
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.answer(req).unwrap().unwrap_err().kind(), "timeout");
+    assert!(!anywhere(&h, key));
+    h.check();
+}
+
+#[test]
+fn a_caller_that_goes_away_while_asking_takes_its_end_out_and_the_peer_lets_go() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    ask_remote(&mut h, 0);
+    let key = asked(&mut h)[0];
+    h.event(Event::ClientClosed { session: A });
+    assert!(!anywhere(&h, key));
+    assert!(h
+        .sent_to_peer()
+        .contains(&(PEER, PeerMsg::Close { conn: key })));
+    h.check();
+}
+
+#[test]
+fn a_peer_that_fails_while_asked_takes_the_callers_end_out() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    let req = ask_remote(&mut h, 0);
+    let key = asked(&mut h)[0];
+    h.event(Event::PeerChannelDown { server: PEER });
+    assert_eq!(h.answer(req).unwrap().unwrap_err().kind(), "peer-down");
+    assert!(!anywhere(&h, key));
+    h.check();
+}
+
+#[test]
+fn a_plane_that_refuses_the_callers_end_fails_the_connect_and_the_peer_is_never_asked() {
+    let mut h = Harness::new(config());
+    peer_with_inbound_tunnel(&mut h);
+    h.attach(A, "client");
+    h.sent_to_peer();
+    h.plane.refuse = Some(|op| matches!(op, PlaneOp::AddTranslation(..)));
+    let req = ask_remote(&mut h, 0);
+    assert_eq!(h.answer(req).unwrap().unwrap_err().kind(), "engine");
+    assert!(h.sent_to_peer().is_empty(), "{:?}", h.out);
+    assert!(h.core.pending_connections().next().is_none());
+    for p in h.plane.ports.values() {
+        assert!(p.allows.is_empty());
+    }
+    assert!(h.plane.translations.is_empty());
     h.check();
 }

@@ -671,16 +671,12 @@ impl Inner {
                 }
             }
         };
-        // WORKAROUND for two faults below this crate. (a) On one server
-        // the first data of a fresh connection can arrive before the
-        // acceptor's session has the accept notice, and is dropped. (b)
-        // Across servers the acceptor's first data can be lost too: with
-        // members connecting both ways at once over a TCP tunnel, a
-        // class-1 connection's first answer never reached the connector
-        // (`tests/servers.rs`). So the connector repeats its `Hello` every
-        // HELLO_RETRY until a `Ready` comes back, and the acceptor answers
-        // every `Hello` with `Ready` (later duplicates are skipped by the
-        // serving side). Nothing else is sent before the `Ready`.
+        // The connector says who it is and which class the connection
+        // serves (`Hello`, once), the acceptor answers `Ready`, once, and
+        // nothing else is sent before the `Ready`. Neither is lost: the
+        // client library keeps data that comes before the accept notice,
+        // and the connector's daemon admits the connection before the
+        // acceptor's hears of it, across servers too.
         let mut hello = BytesMut::with_capacity(HEADER_LEN);
         Head {
             len: rank as u32,
@@ -688,26 +684,17 @@ impl Inner {
             ..Head::new(Kind::Hello)
         }
         .put(&mut hello);
-        let hello = hello.freeze();
-        loop {
-            conn.send_bytes(hello.clone())
-                .await
-                .map_err(|_| PgasError::Closed(rank))?;
-            match tokio::time::timeout(HELLO_RETRY, conn.recv()).await {
-                Ok(Some(Ok(m))) if is_kind(m.payload(), Kind::Ready) => break,
-                Ok(Some(Ok(_))) => {
-                    return Err(PgasError::Invalid(format!(
-                        "{member} did not answer as a PGAS endpoint"
-                    )))
-                }
-                Ok(Some(Err(_)) | None) => return Err(PgasError::Closed(rank)),
-                Err(_) if tokio::time::Instant::now() >= deadline => {
-                    return Err(PgasError::Timeout("waiting for a member to accept"))
-                }
-                Err(_) => {}
-            }
+        conn.send_bytes(hello.freeze())
+            .await
+            .map_err(|_| PgasError::Closed(rank))?;
+        match tokio::time::timeout_at(deadline, conn.recv()).await {
+            Ok(Some(Ok(m))) if is_kind(m.payload(), Kind::Ready) => Ok(conn),
+            Ok(Some(Ok(_))) => Err(PgasError::Invalid(format!(
+                "{member} did not answer as a PGAS endpoint"
+            ))),
+            Ok(Some(Err(_)) | None) => Err(PgasError::Closed(rank)),
+            Err(_) => Err(PgasError::Timeout("waiting for a member to accept")),
         }
-        Ok(conn)
     }
 
     /// Sends a request to `dst`: its first frame carries `head` and
@@ -919,9 +906,9 @@ impl Inner {
     }
 }
 
-/// Accepts members' connections: the acceptor speaks first (see
-/// [`Inner::dial`]), then the member names its rank and the
-/// connection's role.
+/// Accepts members' connections: the member names its rank and the
+/// connection's role (`Hello`), the acceptor answers `Ready` (see
+/// [`Inner::dial`]).
 async fn accept_loop(inner: Arc<Inner>, mut listener: Listener) {
     while let Some(conn) = listener.accept().await {
         let task = tokio::spawn(serve_connection(inner.clone(), conn));
@@ -929,14 +916,11 @@ async fn accept_loop(inner: Arc<Inner>, mut listener: Listener) {
     }
 }
 
-/// How often a connector repeats its `Hello` (see [`Inner::dial`]).
-const HELLO_RETRY: Duration = Duration::from_millis(100);
-
 fn is_kind(frame: &[u8], kind: Kind) -> bool {
     Head::parse(frame).is_ok_and(|(h, _)| h.kind() == Some(kind))
 }
 
-/// Answers a connector's `Hello` (see [`Inner::dial`]).
+/// Answers a connector's `Hello`, once (see [`Inner::dial`]).
 async fn send_ready(conn: &mut Connection) -> bool {
     let mut ready = BytesMut::with_capacity(HEADER_LEN);
     Head::new(Kind::Ready).put(&mut ready);
@@ -974,13 +958,6 @@ async fn serve_connection(inner: Arc<Inner>, mut conn: Connection) {
         DATA_CLASS => serve_data(&inner, source, conn).await,
         CONTROL_CLASS => {
             while let Some(Ok(m)) = conn.recv().await {
-                if is_kind(m.payload(), Kind::Hello) {
-                    // A repeated hello whose Ready was lost: answer again.
-                    if !send_ready(&mut conn).await {
-                        return;
-                    }
-                    continue;
-                }
                 inner.on_control(source, m.payload()).await;
             }
         }
@@ -1006,14 +983,6 @@ async fn serve_data(inner: &Arc<Inner>, source: usize, mut conn: Connection) {
     let threshold = inner.options.credit_bytes as usize / 4;
     while let Some(Ok(m)) = conn.recv().await {
         let frame = m.payload();
-        if is_kind(frame, Kind::Hello) {
-            // A repeated hello whose Ready was lost: answer again (hellos
-            // cost no credit).
-            if !send_ready(&mut conn).await {
-                return;
-            }
-            continue;
-        }
         owed += charge(frame.len());
         inbound.on_frame(target, frame, &mut replies);
         for r in replies.drain(..) {

@@ -7,7 +7,6 @@
 //! The connection is reliable and ordered on every stack the daemon puts
 //! it on, so the bytes arrive as written.
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,28 +33,18 @@ pub struct ByteStream {
     write: BytesMut,
     eof: bool,
     hello: Hello,
-    again: Option<Pin<Box<tokio::time::Sleep>>>,
-    tries: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Hello {
-    /// To send (accepting end).
+    /// To send, once (accepting end). The connecting end's daemon admits
+    /// the connection before the accepting end hears of it, so the hello
+    /// is never sent into a plane that would drop it.
     Send,
-    /// Sent; sent again every [`HELLO_AGAIN`] until the far end speaks
-    /// (across servers the far end's route may be installed a moment
-    /// after the connection is admitted here, and a hello sent before it
-    /// is lost). The connecting end skips empty messages.
-    Sent,
     /// To wait for before writing (connecting end).
     Await,
     Done,
 }
-
-/// How often the accepting end repeats its hello until the far end
-/// speaks, and how many times at most.
-const HELLO_AGAIN: std::time::Duration = std::time::Duration::from_millis(20);
-const HELLO_TRIES: u32 = 250;
 
 impl ByteStream {
     /// The bytes of a connection this end accepted.
@@ -75,8 +64,6 @@ impl ByteStream {
             write: BytesMut::with_capacity(CHUNK),
             eof: false,
             hello,
-            again: None,
-            tries: 0,
         }
     }
 
@@ -93,22 +80,7 @@ impl ByteStream {
                 }
                 let m = self.conn.message(Bytes::new()).map_err(broken)?;
                 Pin::new(&mut self.conn).start_send(m).map_err(broken)?;
-                self.tries += 1;
-                self.hello = if self.tries < HELLO_TRIES {
-                    self.again = Some(Box::pin(tokio::time::sleep(HELLO_AGAIN)));
-                    Hello::Sent
-                } else {
-                    Hello::Done
-                };
-                Poll::Ready(Ok(()))
-            }
-            Hello::Sent => {
-                if let Some(t) = self.again.as_mut() {
-                    if t.as_mut().poll(cx).is_ready() {
-                        self.hello = Hello::Send;
-                        return self.poll_hello(cx);
-                    }
-                }
+                self.hello = Hello::Done;
                 Poll::Ready(Ok(()))
             }
             Hello::Await => match Pin::new(&mut self.conn).poll_next(cx) {
@@ -143,7 +115,7 @@ impl ByteStream {
     /// Sends what the write buffer holds, a message of at most [`CHUNK`]
     /// bytes at a time.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if matches!(self.hello, Hello::Send | Hello::Await) && !self.write.is_empty() {
+        if self.hello != Hello::Done && !self.write.is_empty() {
             match self.poll_hello(cx) {
                 Poll::Ready(Ok(())) => {}
                 other => return other,
@@ -189,14 +161,7 @@ impl AsyncRead for ByteStream {
                 return Poll::Ready(Ok(()));
             }
             match Pin::new(&mut this.conn).poll_next(cx) {
-                Poll::Ready(Some(Ok(m))) => {
-                    // The far end spoke: it has the hello.
-                    if this.hello == Hello::Sent {
-                        this.hello = Hello::Done;
-                        this.again = None;
-                    }
-                    this.read = m.payload().clone();
-                }
+                Poll::Ready(Some(Ok(m))) => this.read = m.payload().clone(),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(broken(e))),
                 Poll::Ready(None) => this.eof = true,
                 Poll::Pending => return Poll::Pending,

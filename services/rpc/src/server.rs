@@ -253,15 +253,11 @@ where
     };
     // The hello: the caller sends nothing before it, so no request can
     // reach this session before the daemon's notice of the connection
-    // did (the notice travels apart from the data).
-    // Across servers the caller's route may be installed a moment after
-    // the connection is admitted here, and a hello sent before it is
-    // lost: it is repeated until the caller speaks.
+    // did (the notice travels apart from the data). It is sent once: the
+    // caller's daemon admits the connection before this one hears of it,
+    // across servers too.
     c.wire
         .queue(&Head::new(Kind::Status, 0), b"", &Bytes::new());
-    let mut heard = false;
-    let mut hellos = 1u32;
-    let mut hello_again = Box::pin(tokio::time::sleep(HELLO_AGAIN));
     let mut batch = Vec::with_capacity(64);
     let mut stop = std::pin::pin!(shutdown.cancelled_owned());
     let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
@@ -281,15 +277,6 @@ where
                 }
             }
             return l.as_mut().poll(cx);
-        }
-        if !heard && hellos < HELLO_TRIES && hello_again.as_mut().poll(cx).is_ready() {
-            c.wire
-                .queue(&Head::new(Kind::Status, 0), b"", &Bytes::new());
-            hellos += 1;
-            hello_again
-                .as_mut()
-                .reset(tokio::time::Instant::now() + HELLO_AGAIN);
-            progress = true;
         }
         if !c.draining && stop.as_mut().poll(cx).is_ready() {
             c.draining = true;
@@ -322,7 +309,6 @@ where
                 match c.wire.poll_frame(cx) {
                     Poll::Ready(Some(incoming)) => {
                         progress = true;
-                        heard = true;
                         c.frame_in(incoming);
                     }
                     Poll::Ready(None) => return Poll::Ready(()),
@@ -352,11 +338,6 @@ where
         e.end();
     }
 }
-
-/// How often the hello is repeated until the caller speaks, and how many
-/// times at most.
-const HELLO_AGAIN: Duration = Duration::from_millis(20);
-const HELLO_TRIES: u32 = 250;
 
 /// How long a closing connection waits for its caller to close it.
 const LINGER: Duration = Duration::from_secs(2);

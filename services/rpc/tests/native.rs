@@ -449,8 +449,7 @@ async fn recv_any_frame(conn: &mut Connection) -> Frame {
     Frame::parse(unit).unwrap()
 }
 
-/// The next frame that is not a repeated hello (the server repeats it
-/// until the caller speaks).
+/// The next frame that is not a hello.
 async fn recv_frame(conn: &mut Connection) -> Frame {
     loop {
         let f = recv_any_frame(conn).await;

@@ -115,9 +115,13 @@ impl Control {
             .filter(|(_, p)| p.session == session)
             .map(|(k, _)| *k)
             .collect();
+        let mut entries = false;
         for key in pending {
             if let Some(p) = self.pending.remove(&key) {
                 if matches!(p.stage, Stage::Verdict { .. }) {
+                    // Asked (or about to be): its end here goes, and the
+                    // peer lets go of its own.
+                    entries = true;
                     self.actions.push_back(Action::ToPeer {
                         server: key.dst.server(),
                         msg: PeerMsg::Close { conn: key },
@@ -126,6 +130,9 @@ impl Control {
             }
         }
         let Some(device) = self.sessions.remove(&session) else {
+            if entries {
+                self.sync(Then::nothing());
+            }
             return;
         };
         self.unregister(device);

@@ -101,13 +101,7 @@ impl Control {
         }
         let deadline = self.now + self.config.verdict_timeout;
         let stage = match peer.tunnels.get(&class) {
-            Some(Tunnel::Open(_)) => {
-                self.actions.push_back(Action::ToPeer {
-                    server,
-                    msg: PeerMsg::Connect { conn: key, class },
-                });
-                Stage::Verdict { deadline }
-            }
+            Some(Tunnel::Open(_)) => Stage::Verdict { deadline },
             Some(Tunnel::Opening) => Stage::Tunnel { deadline },
             None => {
                 peer.tunnels.insert(class, Tunnel::Opening);
@@ -125,7 +119,89 @@ impl Control {
                 stage,
             },
         );
+        if matches!(stage, Stage::Verdict { .. }) {
+            self.ask_peer(vec![key]);
+        }
         Ok(())
+    }
+
+    /// Installs our end of connections that wait for their peer's verdict
+    /// (stage [`Stage::Verdict`]), and asks the peer once it is in.
+    ///
+    /// The peer tells its accepting process at once when it admits, and
+    /// that process may send before the verdict is back here: were our end
+    /// installed only on the verdict, that first message would meet a
+    /// plane that does not admit it yet, and be dropped. So the return
+    /// traffic is admitted first; a refusal, a timeout, a failed peer or
+    /// the caller going away takes the entries out again (the picture
+    /// holds them only while the connection waits for the verdict).
+    pub(super) fn ask_peer(&mut self, keys: Vec<ConnKey>) {
+        let ask = keys
+            .iter()
+            .filter_map(|k| {
+                let p = self.pending.get(k)?;
+                Some(Action::ToPeer {
+                    server: k.dst.server(),
+                    msg: PeerMsg::Connect {
+                        conn: *k,
+                        class: p.class,
+                    },
+                })
+            })
+            .collect::<Vec<_>>();
+        if ask.is_empty() {
+            return;
+        }
+        self.sync(Then {
+            ok: ask,
+            undo: Undo::Asking(keys),
+            ..Then::nothing()
+        });
+    }
+
+    /// Answers connections whose tunnel or verdict did not come by their
+    /// deadline. Those waiting for a verdict hold plane entries, so they
+    /// expire only while no batch is in flight ([`Control::poll_timeout`]
+    /// leaves them out meanwhile); the caller syncs when this says so.
+    pub(super) fn expire_pending(&mut self, now: Duration) -> bool {
+        let idle = self.job.is_none();
+        let expired: Vec<ConnKey> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.stage.deadline() <= now)
+            .filter(|(_, p)| idle || matches!(p.stage, Stage::Tunnel { .. }))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut entries = false;
+        for key in expired {
+            let Some(p) = self.pending.remove(&key) else {
+                continue;
+            };
+            let server = key.dst.server();
+            if let Stage::Tunnel { .. } = p.stage {
+                self.answer(
+                    p.request,
+                    Err(ControlError::Timeout(format!(
+                        "tunnel of class {} to {server} did not open",
+                        p.class
+                    ))),
+                );
+                continue;
+            }
+            entries = true;
+            self.answer(
+                p.request,
+                Err(ControlError::Timeout(format!(
+                    "peer {server} did not answer"
+                ))),
+            );
+            // It may admit late: make sure it lets go.
+            self.actions.push_back(Action::ToPeer {
+                server,
+                msg: PeerMsg::Close { conn: key },
+            });
+        }
+        entries
     }
 
     pub(super) fn peer_verdict(
@@ -150,8 +226,11 @@ impl Control {
         let Some(p) = self.pending.remove(&key) else {
             return;
         };
+        // Our end was installed before the peer was asked: a refusal
+        // takes it out again.
         if let Err(why) = verdict {
             self.answer(p.request, Err(ControlError::Refused(why)));
+            self.sync(Then::nothing());
             return;
         }
         if !self.sessions.contains_key(&p.session)
@@ -161,6 +240,7 @@ impl Control {
                 server,
                 msg: PeerMsg::Close { conn: key },
             });
+            self.sync(Then::nothing());
             return;
         }
         self.connections.insert(

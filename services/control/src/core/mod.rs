@@ -31,9 +31,11 @@
 //! Connection setup checks the policy, then: a local far end must listen
 //! (devices accept on every port), and gets a CONNECT notice once the
 //! entries are in; a remote far end is asked through its server's daemon
-//! over the tunnel of the connection's class (opened on first use), and
-//! only its verdict installs our end; a silent peer gets a timeout and a
-//! CLOSE in case it admits late. Peers exchange heartbeats every interval;
+//! over the tunnel of the connection's class (opened on first use) once
+//! our end is installed (the peer's process may send as soon as it hears
+//! of the connection), and a refusal, a timeout or a failure takes our
+//! end out again; a silent peer gets a timeout and a CLOSE in case it
+//! admits late. Peers exchange heartbeats every interval;
 //! `misses` intervals of silence declare a peer failed: its tunnels go,
 //! every connection through it is closed with `PeerFailed` and its local
 //! owner told. A client that goes away takes its resource and connections
@@ -250,6 +252,7 @@ enum Attaching {
 #[derive(Clone, Debug)]
 enum Undo {
     Nothing,
+    Asking(Vec<ConnKey>),
     Resource(u16),
     Connection(ConnKey),
     TunnelOut { server: Ipv4Addr, class: u8 },
@@ -420,7 +423,13 @@ impl Control {
     /// When [`Control::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Duration> {
         let beats = self.peers.values().filter_map(|p| p.next_beat);
-        let verdicts = self.pending.values().map(|p| p.stage.deadline());
+        // A connection waiting for a verdict holds entries: it expires
+        // only between batches.
+        let verdicts = self
+            .pending
+            .values()
+            .filter(|p| self.job.is_none() || matches!(p.stage, Stage::Tunnel { .. }))
+            .map(|p| p.stage.deadline());
         let limit = self.config.failure_after();
         // Declaring a failure changes the plane: it waits for the batch.
         let failures = self
@@ -446,38 +455,7 @@ impl Control {
                 });
             }
         }
-        let expired: Vec<ConnKey> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.stage.deadline() <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in expired {
-            if let Some(p) = self.pending.remove(&key) {
-                let server = key.dst.server();
-                if let Stage::Tunnel { .. } = p.stage {
-                    self.answer(
-                        p.request,
-                        Err(ControlError::Timeout(format!(
-                            "tunnel of class {} to {server} did not open",
-                            p.class
-                        ))),
-                    );
-                    continue;
-                }
-                self.answer(
-                    p.request,
-                    Err(ControlError::Timeout(format!(
-                        "peer {server} did not answer"
-                    ))),
-                );
-                // It may admit late: make sure it lets go.
-                self.actions.push_back(Action::ToPeer {
-                    server,
-                    msg: PeerMsg::Close { conn: key },
-                });
-            }
-        }
+        let expired = self.expire_pending(now);
         if self.job.is_some() {
             return;
         }
@@ -489,6 +467,9 @@ impl Control {
             .map(|(s, _)| *s)
             .collect();
         if failed.is_empty() {
+            if expired {
+                self.sync(Then::nothing());
+            }
             return;
         }
         for server in &failed {

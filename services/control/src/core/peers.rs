@@ -235,20 +235,21 @@ impl Control {
     }
 
     /// Connections waiting for the tunnel of `class` to `server` ask the
-    /// peer now.
+    /// peer now (once their end is installed: see `ask_peer`).
     pub(super) fn tunnel_ready(&mut self, server: Ipv4Addr, class: u8) {
         let deadline = self.now + self.config.verdict_timeout;
+        let mut ready = Vec::new();
         for (key, p) in self.pending.iter_mut() {
             if key.dst.server() == server
                 && p.class == class
                 && matches!(p.stage, Stage::Tunnel { .. })
             {
                 p.stage = Stage::Verdict { deadline };
-                self.actions.push_back(Action::ToPeer {
-                    server,
-                    msg: PeerMsg::Connect { conn: *key, class },
-                });
+                ready.push(*key);
             }
         }
+        // In the order they were asked for (the map has none).
+        ready.sort_by_key(|k| (self.pending[k].started, self.pending[k].request));
+        self.ask_peer(ready);
     }
 }

@@ -66,32 +66,41 @@ impl Control {
                 }
             }
         }
-        for c in self.connections.values() {
-            for end in [c.key.src, c.key.dst] {
+        let open = self.connections.values().map(|c| (c.key, c.class, c.peer));
+        // A connection we ask a peer to admit is admitted here before the
+        // peer is asked: once the peer admits it, its end may send at
+        // once, and that traffic must find its way in (see `ask_peer`).
+        let asking = self
+            .pending
+            .iter()
+            .filter(|(_, p)| matches!(p.stage, Stage::Verdict { .. }))
+            .map(|(k, p)| (*k, p.class, Some(k.dst.server())));
+        for (key, class, peer) in open.chain(asking) {
+            for end in [key.src, key.dst] {
                 if end.server() != self.config.server {
                     continue;
                 }
                 if let Some(r) = self.resources.get(&end.device()) {
                     if let Some(port) = img.ports.get_mut(&r.port) {
-                        port.allows.insert(c.key);
+                        port.allows.insert(key);
                     }
                 }
             }
-            let Some(server) = c.peer else {
+            let Some(server) = peer else {
                 continue;
             };
             for t in self.inbound.values().filter(|t| t.from == server) {
                 if let Some(port) = img.ports.get_mut(&t.port) {
-                    port.allows.insert(c.key);
+                    port.allows.insert(key);
                 }
             }
             // A configured multi-hop route decides the path itself
             // (through its relay, then the server route); otherwise the
             // translator steers the connection into its class's tunnel.
-            let ours = c.key.src.server() == self.config.server;
-            if ours && !self.multi_hop_covers(c.key) {
-                if let Some(t) = self.peers.get(&server).and_then(|p| p.tunnel(c.class)) {
-                    img.translations.insert(c.key, t);
+            let ours = key.src.server() == self.config.server;
+            if ours && !self.multi_hop_covers(key) {
+                if let Some(t) = self.peers.get(&server).and_then(|p| p.tunnel(class)) {
+                    img.translations.insert(key, t);
                 }
             }
         }

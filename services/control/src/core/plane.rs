@@ -120,7 +120,7 @@ impl Control {
             self.finish(then);
             return;
         };
-        self.undo(then.undo);
+        self.undo(then.undo, &e);
         if let Some(request) = then.fail {
             self.answer(request, Err(ControlError::Plane(e)));
         }
@@ -149,9 +149,18 @@ impl Control {
         }
     }
 
-    pub(super) fn undo(&mut self, undo: Undo) {
+    /// Takes back the decision of a batch the plane refused (`why`).
+    pub(super) fn undo(&mut self, undo: Undo, why: &PlaneError) {
         match undo {
             Undo::Nothing => {}
+            Undo::Asking(keys) => {
+                // The peer was not asked yet: only the callers are told.
+                for key in keys {
+                    if let Some(p) = self.pending.remove(&key) {
+                        self.answer(p.request, Err(ControlError::Plane(why.clone())));
+                    }
+                }
+            }
             Undo::Resource(device) => {
                 self.resources.remove(&device);
                 self.sessions.retain(|_, d| *d != device);
@@ -271,7 +280,7 @@ impl Control {
                     tracing::warn!(%server, class, "tunnel port: {e}");
                     self.actions
                         .push_back(Action::CloseTunnel { server, class });
-                    self.undo(Undo::TunnelOut { server, class });
+                    self.undo(Undo::TunnelOut { server, class }, &e);
                 }
                 (
                     Attaching::TunnelIn {

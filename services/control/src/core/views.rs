@@ -38,6 +38,16 @@ impl Control {
         self.pending.keys()
     }
 
+    /// Connections waiting for their peer's verdict: their end here is
+    /// installed (or being installed) before the peer is asked, so the
+    /// plane admits them like open ones.
+    pub fn asking_connections(&self) -> impl Iterator<Item = &ConnKey> {
+        self.pending
+            .iter()
+            .filter(|(_, p)| matches!(p.stage, Stage::Verdict { .. }))
+            .map(|(k, _)| k)
+    }
+
     /// Peers, by server.
     pub fn peers(&self) -> Vec<PeerView> {
         self.peers

@@ -386,7 +386,15 @@ impl Harness {
             "every port has an owner and every owner a port"
         );
         let conns: HashMap<ConnKey, &Connection> = core.connections().map(|c| (c.key, c)).collect();
-        let live = |k: &ConnKey| conns.contains_key(k) || conns.contains_key(&k.reversed());
+        // A connection waiting for its peer's verdict has its end here
+        // installed already: its entries are live.
+        let asking: HashSet<ConnKey> = core.asking_connections().copied().collect();
+        let live = |k: &ConnKey| {
+            conns.contains_key(k)
+                || conns.contains_key(&k.reversed())
+                || asking.contains(k)
+                || asking.contains(&k.reversed())
+        };
         for (id, port) in &self.plane.ports {
             for target in port.routes.values() {
                 assert!(
@@ -425,10 +433,31 @@ impl Harness {
             }
         }
         for k in core.pending_connections() {
-            assert!(!live(k), "{k:?} pending and open");
-            for port in self.plane.ports.values() {
-                assert!(!port.allows.contains(k), "{k:?} pending but admitted");
+            assert!(
+                !conns.contains_key(k) && !conns.contains_key(&k.reversed()),
+                "{k:?} pending and open"
+            );
+            if asking.contains(k) {
+                let r = core
+                    .resource(k.src.device())
+                    .unwrap_or_else(|| panic!("{k:?} asked for a dead local end"));
+                assert!(
+                    self.plane.ports[&r.port].allows.contains(k),
+                    "{k:?} asked before its end is admitted at {}",
+                    k.src
+                );
+                continue;
             }
+            for port in self.plane.ports.values() {
+                assert!(
+                    !port.allows.contains(k),
+                    "{k:?} waits for its tunnel but admitted"
+                );
+            }
+            assert!(
+                !self.plane.translations.contains_key(k),
+                "{k:?} waits for its tunnel but translated"
+            );
         }
         for r in &resources {
             let port = &self.plane.ports[&r.port];
