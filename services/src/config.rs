@@ -21,9 +21,7 @@ pub mod limits;
 mod underlay;
 mod unique;
 
-pub use underlay::{
-    ClassConfig, IngressRules, Scheduling, UnderlayConfig, MAX_CLASSES,
-};
+pub use underlay::{ClassConfig, IngressRules, Scheduling, UnderlayConfig, MAX_CLASSES};
 
 pub use error::ConfigError;
 use error::Source;

@@ -193,19 +193,28 @@ async fn a_class_the_peer_may_not_use_is_refused_and_weights_change_live() {
     let _listener = sb.listen(7).await.unwrap();
     // B allows A class 0 only; A defines classes 0 and 1, not 5.
     let refused = sa.connect_class(sb.uid().port(7), 1).await;
-    let e = refused.err().expect("class 1 is refused").to_string();
+    let Err(e) = refused else {
+        panic!("class 1 is refused")
+    };
+    let e = e.to_string();
     assert!(e.contains("class 1"), "{e}");
-    let e = sa
-        .connect_class(sb.uid().port(7), 5)
-        .await
-        .err()
-        .expect("class 5 does not exist")
-        .to_string();
+    let Err(e) = sa.connect_class(sb.uid().port(7), 5).await else {
+        panic!("class 5 does not exist")
+    };
+    let e = e.to_string();
     assert!(e.contains("no traffic class 5"), "{e}");
     let ok = sa.connect_class(sb.uid().port(7), 0).await;
     assert!(ok.is_ok(), "class 0 is allowed: {:?}", ok.err());
 
-    let show = request(&p.dirs[0], &Request::Class { id: None, weight: None, priority: None }).await;
+    let show = request(
+        &p.dirs[0],
+        &Request::Class {
+            id: None,
+            weight: None,
+            priority: None,
+        },
+    )
+    .await;
     assert_eq!(show["classes"][1]["weight"], 2);
     let set = request(
         &p.dirs[0],
@@ -217,7 +226,15 @@ async fn a_class_the_peer_may_not_use_is_refused_and_weights_change_live() {
     )
     .await;
     assert_eq!(set["classes"][1]["weight"], 7);
-    let show = request(&p.dirs[0], &Request::Class { id: None, weight: None, priority: None }).await;
+    let show = request(
+        &p.dirs[0],
+        &Request::Class {
+            id: None,
+            weight: None,
+            priority: None,
+        },
+    )
+    .await;
     assert_eq!(show["classes"][1]["weight"], 7);
     let bad = Client::connect(&p.dirs[0])
         .await

@@ -316,6 +316,10 @@ pub enum PeerRequest {
     Close {
         /// The connection.
         conn: ConnSpec,
+        /// Why, as a wire status code (`Closed` when absent): the far
+        /// end's owner is told the same.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u8>,
     },
 }
 
@@ -439,6 +443,11 @@ mod tests {
                 device: 1,
                 set: Some("rr".into()),
             },
+            Request::Class {
+                id: Some(1),
+                weight: Some(3),
+                priority: None,
+            },
             Request::PlaneDump,
             Request::Attach { name: "app".into() },
             Request::Listen { port: 80 },
@@ -461,6 +470,7 @@ mod tests {
                 | Request::Stats
                 | Request::Metrics
                 | Request::Policy { .. }
+                | Request::Class { .. }
                 | Request::PlaneDump
                 | Request::Attach { .. }
                 | Request::Listen { .. }

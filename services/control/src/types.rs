@@ -161,6 +161,9 @@ pub enum PeerMsg {
     Close {
         /// The connection.
         conn: ConnKey,
+        /// Why: `Closed` when its owner closed it, `Denied` when a rule
+        /// closed it; its local ends are told the same.
+        status: Status,
     },
 }
 

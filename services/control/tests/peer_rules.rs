@@ -119,14 +119,29 @@ fn a_peer_that_does_not_answer_in_time_times_out_and_is_told_to_let_go() {
     h.advance(Duration::from_millis(100));
     let a = h.answer(req).expect("timed out");
     assert_eq!(a.unwrap_err().kind(), "timeout");
-    assert!(h.sent_to_peer().contains(&(PEER, PeerMsg::Close { conn })));
+    assert!(h.sent_to_peer().contains(&(
+        PEER,
+        PeerMsg::Close {
+            conn,
+            status: Status::Closed,
+        }
+    )));
     // A verdict after the timeout is told to let go too.
     h.event(Event::PeerVerdict {
         server: PEER,
         conn,
         verdict: Ok(()),
     });
-    assert_eq!(h.sent_to_peer(), vec![(PEER, PeerMsg::Close { conn })]);
+    assert_eq!(
+        h.sent_to_peer(),
+        vec![(
+            PEER,
+            PeerMsg::Close {
+                conn,
+                status: Status::Closed,
+            }
+        )]
+    );
     assert_eq!(h.core.connections().count(), 0);
     h.check();
 }
@@ -379,7 +394,10 @@ fn a_peer_may_connect_to_a_listening_resource_and_is_refused_otherwise() {
     // The peer closes its connection: our end is told.
     h.event(Event::PeerMessage {
         server: PEER,
-        msg: PeerMsg::Close { conn: key },
+        msg: PeerMsg::Close {
+            conn: key,
+            status: Status::Closed,
+        },
         request: 0,
     });
     assert_eq!(
@@ -724,9 +742,13 @@ fn a_timed_out_connection_leaves_no_entries_behind() {
         });
     }
     assert!(!anywhere(&h, key));
-    assert!(h
-        .sent_to_peer()
-        .contains(&(PEER, PeerMsg::Close { conn: key })));
+    assert!(h.sent_to_peer().contains(&(
+        PEER,
+        PeerMsg::Close {
+            conn: key,
+            status: Status::Closed,
+        }
+    )));
     h.check();
 }
 
@@ -764,9 +786,13 @@ fn a_caller_that_goes_away_while_asking_takes_its_end_out_and_the_peer_lets_go()
     let key = asked(&mut h)[0];
     h.event(Event::ClientClosed { session: A });
     assert!(!anywhere(&h, key));
-    assert!(h
-        .sent_to_peer()
-        .contains(&(PEER, PeerMsg::Close { conn: key })));
+    assert!(h.sent_to_peer().contains(&(
+        PEER,
+        PeerMsg::Close {
+            conn: key,
+            status: Status::Closed,
+        }
+    )));
     h.check();
 }
 

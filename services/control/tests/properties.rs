@@ -10,6 +10,7 @@ use harness::*;
 use proptest::prelude::*;
 use uniplane_control::*;
 use uniplane_overlay::acl::ConnKey;
+use uniplane_dataplane::wire::Status;
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -159,7 +160,10 @@ fn run(h: &mut Harness, s: Step) {
             if let Some(k) = conns.get(i % conns.len().max(1)) {
                 h.event(Event::PeerMessage {
                     server: PEER,
-                    msg: PeerMsg::Close { conn: *k },
+                    msg: PeerMsg::Close {
+                        conn: *k,
+                        status: Status::Closed,
+                    },
                     request: 0,
                 });
             }

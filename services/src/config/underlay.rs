@@ -168,18 +168,10 @@ pub(super) fn parse(
             }
         },
     };
-    let rate_mbit: u64 = src.number_or(
-        raw.rate_mbit.as_ref(),
-        0,
-        "underlay.rate_mbit",
-        RATE_MBIT,
-    )?;
-    let burst_kib: u64 = src.number_or(
-        raw.burst_kib.as_ref(),
-        64,
-        "underlay.burst_kib",
-        BURST_KIB,
-    )?;
+    let rate_mbit: u64 =
+        src.number_or(raw.rate_mbit.as_ref(), 0, "underlay.rate_mbit", RATE_MBIT)?;
+    let burst_kib: u64 =
+        src.number_or(raw.burst_kib.as_ref(), 64, "underlay.burst_kib", BURST_KIB)?;
     let queue_depth = src.number_or(
         raw.queue_depth.as_ref(),
         256,

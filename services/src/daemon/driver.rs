@@ -16,6 +16,7 @@ use uniplane_control::{
 };
 use uniplane_dataplane::port::{deferred_port, PortHandoff};
 use uniplane_dataplane::ring::RingLink;
+use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{BoxLink, Message};
 use uniplane_overlay::{IoSlot, PlaneOp, PortId, PortKind};
 
@@ -314,8 +315,9 @@ impl Driver {
                         conn: conn_spec(conn),
                         class,
                     },
-                    PeerMsg::Close { conn } => PeerRequest::Close {
+                    PeerMsg::Close { conn, status } => PeerRequest::Close {
                         conn: conn_spec(conn),
+                        status: (status != Status::Closed).then(|| status.to_u8()),
                     },
                 };
                 if let Some(tx) = self.peer_tx.get(&server) {

@@ -366,11 +366,36 @@ fn underlay_metrics(
         fn(&super::underlay::Counters) -> u64,
     );
     const FAMILIES: [Family; 5] = [
-        ("uniplane_underlay_sent_messages_total", "counter", "Messages the underlay let leave for a peer", |c| c.sent.load(Relaxed)),
-        ("uniplane_underlay_sent_bytes_total", "counter", "Bytes the underlay let leave for a peer", |c| c.sent_bytes.load(Relaxed)),
-        ("uniplane_underlay_passed_total", "counter", "Messages from a peer that passed the filter", |c| c.passed.load(Relaxed)),
-        ("uniplane_underlay_backlog", "gauge", "Messages waiting in a peer's class queues", |c| c.backlog.load(Relaxed)),
-        ("uniplane_underlay_lost_reports_total", "counter", "Violations the control core was not told of (its queue was full)", |c| c.lost_reports.load(Relaxed)),
+        (
+            "uniplane_underlay_sent_messages_total",
+            "counter",
+            "Messages the underlay let leave for a peer",
+            |c| c.sent.load(Relaxed),
+        ),
+        (
+            "uniplane_underlay_sent_bytes_total",
+            "counter",
+            "Bytes the underlay let leave for a peer",
+            |c| c.sent_bytes.load(Relaxed),
+        ),
+        (
+            "uniplane_underlay_passed_total",
+            "counter",
+            "Messages from a peer that passed the filter",
+            |c| c.passed.load(Relaxed),
+        ),
+        (
+            "uniplane_underlay_backlog",
+            "gauge",
+            "Messages waiting in a peer's class queues",
+            |c| c.backlog.load(Relaxed),
+        ),
+        (
+            "uniplane_underlay_lost_reports_total",
+            "counter",
+            "Violations the control core was not told of (its queue was full)",
+            |c| c.lost_reports.load(Relaxed),
+        ),
     ];
     for (name, kind, help, get) in FAMILIES {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));

@@ -286,12 +286,16 @@ async fn session(
                     Err(_) => Answer::err("refused", "the daemon is stopping"),
                 })
             }
-            Ok(PeerRequest::Close { conn }) => {
+            Ok(PeerRequest::Close { conn, status }) => {
                 shared
                     .input(Input::Core(Event::PeerMessage {
                         server: from,
                         msg: PeerMsg::Close {
                             conn: conn_key(conn),
+                            status: status.map_or(
+                                uniplane_dataplane::wire::Status::Closed,
+                                uniplane_dataplane::wire::Status::from_u8,
+                            ),
                         },
                         request: 0,
                     }))

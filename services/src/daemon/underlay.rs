@@ -550,7 +550,8 @@ impl Underlay {
     fn publish(&mut self) {
         let c = &self.counters;
         if self.passed > 0 {
-            c.passed.fetch_add(std::mem::take(&mut self.passed), Relaxed);
+            c.passed
+                .fetch_add(std::mem::take(&mut self.passed), Relaxed);
         }
         for (k, n) in self.dropped.iter_mut().enumerate() {
             if *n > 0 {
@@ -667,7 +668,14 @@ mod tests {
     async fn classes_share_a_shaped_peer_by_their_weights_and_the_weights_change_live() {
         let (reports, _rx) = mpsc::channel(64);
         let rate = 1_000_000;
-        let h = spawn(rules(), shape([1, 3], Some(rate)), 2048, Duration::from_secs(5), reports).unwrap();
+        let h = spawn(
+            rules(),
+            shape([1, 3], Some(rate)),
+            2048,
+            Duration::from_secs(5),
+            reports,
+        )
+        .unwrap();
         let (mut far0, mut e0) = tunnel(&h, 1, 0, 4096).await;
         let (mut far1, mut e1) = tunnel(&h, 2, 1, 4096).await;
         for _ in 0..1500 {
@@ -684,20 +692,36 @@ mod tests {
         tokio::time::sleep(interval).await;
         let (a, b) = (bytes(&take(&mut far0).await), bytes(&take(&mut far1).await));
         let share = b as f64 / (a + b) as f64;
-        assert!((share - 0.75).abs() < 0.02, "class 1 got {share:.3} of {}", a + b);
+        assert!(
+            (share - 0.75).abs() < 0.02,
+            "class 1 got {share:.3} of {}",
+            a + b
+        );
         let want = rate as f64 * interval.as_secs_f64();
         let total = (a + b) as f64;
-        assert!((total - want).abs() / want < 0.02, "{total} bytes in {interval:?}, want {want}");
+        assert!(
+            (total - want).abs() / want < 0.02,
+            "{total} bytes in {interval:?}, want {want}"
+        );
 
-        h.commands.send(Command::Shape(shape([1, 1], Some(rate)))).await.unwrap();
+        h.commands
+            .send(Command::Shape(shape([1, 1], Some(rate))))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
         take(&mut far0).await;
         take(&mut far1).await;
         tokio::time::sleep(interval).await;
         let (a, b) = (bytes(&take(&mut far0).await), bytes(&take(&mut far1).await));
         let share = b as f64 / (a + b) as f64;
-        assert!((share - 0.5).abs() < 0.02, "after the change class 1 got {share:.3}");
-        assert!(h.counters.backlog.load(Relaxed) > 0, "both classes stayed backlogged");
+        assert!(
+            (share - 0.5).abs() < 0.02,
+            "after the change class 1 got {share:.3}"
+        );
+        assert!(
+            h.counters.backlog.load(Relaxed) > 0,
+            "both classes stayed backlogged"
+        );
     }
 
     /// A message that breaks the rules (too long; from a server the peer
@@ -706,7 +730,14 @@ mod tests {
     #[tokio::test]
     async fn a_message_that_breaks_the_rules_is_dropped_counted_and_reported() {
         let (reports, mut rx) = mpsc::channel(64);
-        let h = spawn(rules(), shape([1, 1], None), 256, Duration::from_secs(5), reports).unwrap();
+        let h = spawn(
+            rules(),
+            shape([1, 1], None),
+            256,
+            Duration::from_secs(5),
+            reports,
+        )
+        .unwrap();
         let (mut far, mut engine) = tunnel(&h, 1, 0, 64).await;
         use futures_util::SinkExt;
         far.send(msg(PEER, US, 40, 10)).await.unwrap();
@@ -716,16 +747,31 @@ mod tests {
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.len() < 2 {
-            assert!(Instant::now() < deadline, "the good messages did not arrive");
+            assert!(
+                Instant::now() < deadline,
+                "the good messages did not arrive"
+            );
             engine.input.pop_into(&mut got, 8);
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let ports: Vec<_> = got.iter().map(|m| m.header().request.ports().unwrap().0).collect();
+        let ports: Vec<_> = got
+            .iter()
+            .map(|m| m.header().request.ports().unwrap().0)
+            .collect();
         assert_eq!(ports, [40, 43]);
         let mut seen = Vec::new();
         for _ in 0..2 {
-            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap() {
-                Report::Violation { ports, violation, src, .. } => seen.push((src.server().to_string(), ports, violation.reason())),
+            match tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+            {
+                Report::Violation {
+                    ports,
+                    violation,
+                    src,
+                    ..
+                } => seen.push((src.server().to_string(), ports, violation.reason())),
                 other => panic!("{other:?}"),
             }
         }
@@ -746,7 +792,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_tunnel_fails_and_answers_what_it_owed() {
         let (reports, mut rx) = mpsc::channel(64);
-        let h = spawn(rules(), shape([1, 1], None), 256, Duration::from_millis(300), reports).unwrap();
+        let h = spawn(
+            rules(),
+            shape([1, 1], None),
+            256,
+            Duration::from_millis(300),
+            reports,
+        )
+        .unwrap();
         // The tunnel: a channel of capacity 4 nobody reads.
         let (_far, mut engine) = tunnel(&h, 9, 0, 4).await;
         for _ in 0..20 {
@@ -754,7 +807,11 @@ mod tests {
         }
         engine.output.flush();
         match rx.recv().await.unwrap() {
-            Report::Ended { port, error, answered } => {
+            Report::Ended {
+                port,
+                error,
+                answered,
+            } => {
                 assert_eq!(port, 9);
                 assert!(error.unwrap().contains("took nothing"));
                 // 4 went into the tunnel; 16 come back as errors.
@@ -787,7 +844,14 @@ mod tests {
             c.weight = 100;
         }
         let (reports, _rx) = mpsc::channel(64);
-        let h = spawn(rules(), Shape::of(&config), 2048, Duration::from_secs(5), reports).unwrap();
+        let h = spawn(
+            rules(),
+            Shape::of(&config),
+            2048,
+            Duration::from_secs(5),
+            reports,
+        )
+        .unwrap();
         let (mut far0, mut e0) = tunnel(&h, 1, 0, 4096).await;
         let (mut far1, mut e1) = tunnel(&h, 2, 1, 4096).await;
         for _ in 0..1000 {

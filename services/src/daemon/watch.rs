@@ -53,4 +53,3 @@ pub(super) async fn drain(mut owed: Vec<Message>, ring: &mut RingLink) -> usize 
         }
     }
 }
-

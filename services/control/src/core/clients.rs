@@ -124,7 +124,10 @@ impl Control {
                     entries = true;
                     self.actions.push_back(Action::ToPeer {
                         server: key.dst.server(),
-                        msg: PeerMsg::Close { conn: key },
+                        msg: PeerMsg::Close {
+                            conn: key,
+                            status: Status::Closed,
+                        },
                     });
                 }
             }

@@ -198,7 +198,10 @@ impl Control {
             // It may admit late: make sure it lets go.
             self.actions.push_back(Action::ToPeer {
                 server,
-                msg: PeerMsg::Close { conn: key },
+                msg: PeerMsg::Close {
+                    conn: key,
+                    status: Status::Closed,
+                },
             });
         }
         entries
@@ -218,7 +221,10 @@ impl Control {
                 // Too late, or never asked: the peer must not keep its end.
                 self.actions.push_back(Action::ToPeer {
                     server,
-                    msg: PeerMsg::Close { conn: key },
+                    msg: PeerMsg::Close {
+                        conn: key,
+                        status: Status::Closed,
+                    },
                 });
             }
             return;
@@ -238,7 +244,10 @@ impl Control {
         {
             self.actions.push_back(Action::ToPeer {
                 server,
-                msg: PeerMsg::Close { conn: key },
+                msg: PeerMsg::Close {
+                    conn: key,
+                    status: Status::Closed,
+                },
             });
             self.sync(Then::nothing());
             return;
@@ -340,7 +349,7 @@ impl Control {
             if let Some(server) = conn.peer {
                 self.actions.push_back(Action::ToPeer {
                     server,
-                    msg: PeerMsg::Close { conn: key },
+                    msg: PeerMsg::Close { conn: key, status },
                 });
             }
         }

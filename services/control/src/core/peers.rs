@@ -37,10 +37,15 @@ impl Control {
         p.last_seen = now;
         match msg {
             PeerMsg::Heartbeat => {}
-            PeerMsg::Close { conn } => {
+            PeerMsg::Close { conn, status } => {
+                let status = if status == Status::Ok {
+                    Status::Closed
+                } else {
+                    status
+                };
                 if let Some(k) = self.canonical(conn) {
                     if self.connections.get(&k).and_then(|c| c.peer) == Some(server) {
-                        self.drop_connection(k, Status::Closed, false);
+                        self.drop_connection(k, status, false);
                         self.sync(Then::nothing());
                     }
                 }

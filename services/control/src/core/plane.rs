@@ -171,7 +171,10 @@ impl Control {
                         // The peer admitted its end already.
                         self.actions.push_back(Action::ToPeer {
                             server,
-                            msg: PeerMsg::Close { conn: key },
+                            msg: PeerMsg::Close {
+                                conn: key,
+                                status: Status::Closed,
+                            },
                         });
                     }
                 }

@@ -6,7 +6,11 @@ use super::*;
 impl Control {
     /// Whether a connection between us and `peer` (`None`: a local one)
     /// may be of `class`.
-    pub(super) fn class_allowed(&self, class: u8, peer: Option<Ipv4Addr>) -> Result<(), ControlError> {
+    pub(super) fn class_allowed(
+        &self,
+        class: u8,
+        peer: Option<Ipv4Addr>,
+    ) -> Result<(), ControlError> {
         if !self.config.classes.contains(&class) {
             return Err(ControlError::Refused(format!(
                 "no traffic class {class} (the configured classes are {:?})",
