@@ -9,8 +9,8 @@ use std::time::Duration;
 use harness::*;
 use proptest::prelude::*;
 use uniplane_control::*;
-use uniplane_overlay::acl::ConnKey;
 use uniplane_dataplane::wire::Status;
+use uniplane_overlay::acl::ConnKey;
 
 #[derive(Clone, Debug)]
 enum Step {

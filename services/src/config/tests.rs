@@ -447,3 +447,90 @@ fn a_reload_may_change_the_access_rules_and_nothing_else() {
         vec!["server.id", "devices"]
     );
 }
+
+#[test]
+fn classes_and_a_peers_ingress_rules_are_read_and_checked() {
+    let base = "[server]\nid = \"10.0.0.1\"\n[cluster]\nsecret = \"k\"\n";
+    let peer = "[[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\n";
+    // Nothing said: eight classes of weight 1, unshaped; a peer may use
+    // them all and send anything of its own.
+    let c = Config::parse(&format!("{base}{peer}"), "a.toml").unwrap();
+    assert_eq!(c.underlay.classes.len(), MAX_CLASSES);
+    assert_eq!(c.underlay.rate, None);
+    let ingress = &c.peers[0].ingress;
+    assert_eq!(ingress.classes, (0..8).collect::<Vec<u8>>());
+    assert!(ingress.sources[0].matches("10.0.0.2:9".parse().unwrap()));
+    assert!(!ingress.sources[0].matches("10.0.0.3:9".parse().unwrap()));
+
+    let text = format!(
+        "{base}[underlay]\nscheduling = \"priority\"\nrate_mbit = 80\n\
+         [[classes]]\nid = 1\nweight = 3\npriority = 0\n[[classes]]\nid = 0\npriority = 1\n\
+         {peer}classes = [1]\ntypes = [\"SEND\"]\nmax_message = 512\nsources = [\"10.0.0.0/24:*\"]\n"
+    );
+    let c = Config::parse(&text, "a.toml").unwrap();
+    assert_eq!(c.underlay.scheduling, Scheduling::Priority);
+    assert_eq!(c.underlay.rate, Some(10_000_000));
+    let ids: Vec<_> = c
+        .underlay
+        .classes
+        .iter()
+        .map(|k| (k.id, k.weight, k.priority))
+        .collect();
+    assert_eq!(ids, [(0, 1, 1), (1, 3, 0)]);
+    let ingress = &c.peers[0].ingress;
+    assert_eq!(ingress.classes, [1]);
+    assert_eq!(ingress.types, Some(vec![ReqType::Send]));
+    assert_eq!(ingress.max_message, 512);
+    assert!(ingress.sources[0].matches("10.0.0.3:9".parse().unwrap()));
+
+    for (bad, want) in [
+        (
+            "[[classes]]\nid = 0\nweight = 0\n",
+            "field `classes.weight`",
+        ),
+        ("[[classes]]\nid = 8\n", "field `classes.id`"),
+        (
+            "[[classes]]\nid = 0\n[[classes]]\nid = 0\n",
+            "class 0 is defined twice",
+        ),
+        ("[[classes]]\nid = 1\n", "class 0 must be defined"),
+        (
+            "[underlay]\nscheduling = \"fifo\"\n",
+            "expected \"weighted\" or \"priority\"",
+        ),
+        ("[underlay]\nburst_kib = 1\n", "field `underlay.burst_kib`"),
+        (
+            &format!("[[classes]]\nid = 0\n{peer}classes = [2]\n"),
+            "class 2 is not defined in [[classes]]",
+        ),
+        (
+            &format!("{peer}types = [\"SNED\"]\n"),
+            "unknown request type `SNED`",
+        ),
+        (
+            &format!("{peer}max_message = 10\n"),
+            "field `peers.max_message`",
+        ),
+    ] {
+        let err = Config::parse(&format!("{base}{bad}"), "a.toml")
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn a_reload_may_change_how_the_classes_share_but_not_which_exist() {
+    let base =
+        "[server]\nid = \"10.0.0.1\"\n[[classes]]\nid = 0\n[[classes]]\nid = 1\nweight = 2\n";
+    let running = Config::parse(base, "a.toml").unwrap();
+    let heavier = Config::parse(&base.replace("weight = 2", "weight = 5"), "a.toml").unwrap();
+    assert!(running.needs_restart_for(&heavier).is_empty());
+    let shaped = Config::parse(&format!("{base}[underlay]\nrate_mbit = 100\n"), "a.toml").unwrap();
+    assert!(running.needs_restart_for(&shaped).is_empty());
+    let more = Config::parse(&format!("{base}[[classes]]\nid = 2\n"), "a.toml").unwrap();
+    assert_eq!(
+        running.needs_restart_for(&more),
+        vec!["underlay (queue depth, which classes exist)"]
+    );
+}
