@@ -99,6 +99,9 @@ struct RawEngine {
 struct RawStack {
     name: Spanned<String>,
     listen: Option<Spanned<String>>,
+    interface: Option<Spanned<String>>,
+    address: Option<Spanned<String>>,
+    transport: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -117,6 +120,7 @@ struct RawPeer {
     address: Spanned<String>,
     stack: Option<Spanned<String>>,
     tunnel: Option<Spanned<String>>,
+    mac: Option<Spanned<String>>,
     classes: Option<Vec<Spanned<i64>>>,
     types: Option<Vec<Spanned<String>>>,
     max_message: Option<Spanned<i64>>,
@@ -246,6 +250,17 @@ pub struct StackConfig {
     pub name: String,
     /// Where its tunnel listener binds, for stacks over IP.
     pub listen: Option<SocketAddr>,
+    /// How a stack on a network interface (`ether`, `smoltcp`, `dpdk`)
+    /// is set up.
+    pub options: uniplane_stacks::StackOptions,
+}
+
+impl StackConfig {
+    /// Whether its tunnels are reached by MAC on its interface (and its
+    /// listener is the interface itself).
+    pub fn on_ethernet(&self) -> bool {
+        matches!(self.name.as_str(), "ether" | "dpdk")
+    }
 }
 
 /// The kinds of local device the daemon can host itself.
@@ -284,6 +299,8 @@ pub struct PeerConfig {
     pub stack: String,
     /// Where its tunnel listener for that stack is.
     pub tunnel: SocketAddr,
+    /// Its MAC on our `ether`/`dpdk` stack's interface.
+    pub mac: Option<[u8; 6]>,
     /// What it may send us.
     pub ingress: IngressRules,
 }
@@ -515,10 +532,7 @@ impl Config {
                     ),
                 );
             }
-            stacks.push(StackConfig {
-                name: name.clone(),
-                listen: parse_addr(&src, s.listen.as_ref(), "stacks.listen")?,
-            });
+            stacks.push(stack_config(&src, s)?);
         }
 
         let mut devices = Vec::new();
@@ -581,11 +595,36 @@ impl Config {
             };
             let tunnel = parse_addr(&src, p.tunnel.as_ref(), "peers.tunnel")?
                 .unwrap_or(SocketAddr::new(address.ip(), 7470));
+            let mac = match &p.mac {
+                None => None,
+                Some(m) => match m.get_ref().parse::<uniplane_frame::MacAddr>() {
+                    Ok(mac) => Some(mac.0),
+                    Err(_) => {
+                        return src.invalid(
+                            m.span(),
+                            "peers.mac",
+                            format!(
+                                "`{}` is not a MAC address such as 02:00:00:00:00:01",
+                                m.get_ref()
+                            ),
+                        )
+                    }
+                },
+            };
+            let on_ethernet = matches!(stack.as_str(), "ether" | "dpdk");
+            if on_ethernet && mac.is_none() {
+                return src.invalid(
+                    p.server.span(),
+                    "peers.mac",
+                    format!("a peer over the `{stack}` stack needs its MAC (mac = \"02:…\")"),
+                );
+            }
             peers.push(PeerConfig {
                 server,
                 address,
                 stack,
                 tunnel,
+                mac,
                 ingress: underlay::ingress(
                     &src,
                     &underlay::RawIngress {
@@ -807,6 +846,104 @@ impl Config {
 pub const KNOWN_STACKS: &[&str] = &[
     "mem", "shm", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk",
 ];
+
+/// A `[[stacks]]` entry: the options only stacks on an interface take,
+/// and what each of those needs.
+fn stack_config(src: &Source<'_>, s: &RawStack) -> Result<StackConfig, ConfigError> {
+    let name = s.name.get_ref().clone();
+    let on_iface = matches!(name.as_str(), "ether" | "smoltcp" | "dpdk");
+    let misplaced = [
+        ("stacks.interface", s.interface.as_ref().map(Spanned::span)),
+        ("stacks.address", s.address.as_ref().map(Spanned::span)),
+        ("stacks.transport", s.transport.as_ref().map(Spanned::span)),
+    ];
+    for (field, span) in misplaced {
+        let Some(span) = span else { continue };
+        let allowed = match field {
+            "stacks.interface" => on_iface,
+            _ => name == "smoltcp",
+        };
+        if !allowed {
+            return src.invalid(
+                span,
+                field,
+                format!("the `{name}` stack takes no such option"),
+            );
+        }
+    }
+    if on_iface && s.interface.is_none() {
+        return src.invalid(
+            s.name.span(),
+            "stacks.interface",
+            format!("the `{name}` stack runs on an interface: name it (interface = \"eth0\")"),
+        );
+    }
+    if matches!(name.as_str(), "ether" | "dpdk") {
+        if let Some(l) = &s.listen {
+            return src.invalid(
+                l.span(),
+                "stacks.listen",
+                format!("the `{name}` stack listens on its interface, not an address"),
+            );
+        }
+    }
+    let address = match &s.address {
+        None if name == "smoltcp" => {
+            return src.invalid(
+                s.name.span(),
+                "stacks.address",
+                "the `smoltcp` stack needs its own address (address = \"10.0.0.1/24\")",
+            )
+        }
+        None => None,
+        Some(a) => {
+            let parsed = a.get_ref().split_once('/').and_then(|(ip, len)| {
+                Some((
+                    ip.parse::<Ipv4Addr>().ok()?,
+                    len.parse::<u8>().ok().filter(|l| *l <= 32)?,
+                ))
+            });
+            match parsed {
+                Some(p) => Some(p),
+                None => {
+                    return src.invalid(
+                        a.span(),
+                        "stacks.address",
+                        format!(
+                            "`{}` is not an address with its prefix, such as 10.0.0.1/24",
+                            a.get_ref()
+                        ),
+                    )
+                }
+            }
+        }
+    };
+    let datagrams = match s.transport.as_ref().map(|t| (t, t.get_ref().as_str())) {
+        None | Some((_, "tcp")) => false,
+        Some((_, "udp")) => true,
+        Some((t, other)) => {
+            return src.invalid(
+                t.span(),
+                "stacks.transport",
+                format!("`{other}`: expected \"tcp\" or \"udp\""),
+            )
+        }
+    };
+    let on_ethernet = matches!(name.as_str(), "ether" | "dpdk");
+    Ok(StackConfig {
+        name,
+        listen: parse_addr(src, s.listen.as_ref(), "stacks.listen")?,
+        options: uniplane_stacks::StackOptions {
+            interface: s.interface.as_ref().map(|i| i.get_ref().clone()),
+            // Tunnels over Ethernet run LTL underneath: plain frames carry
+            // one link per peer MAC, and each daemon opens its own tunnel
+            // (a class each) to the other.
+            reliable: on_ethernet,
+            address,
+            datagrams,
+        },
+    })
+}
 
 /// Request types by their wire names (`SEND`, `WRTE`, `READ`, …).
 fn request_types(

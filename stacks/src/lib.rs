@@ -18,8 +18,8 @@
 //! - `shm` ([`uniplane_shm::ShmStack`]): links between processes of one
 //!   server over shared-memory rings; the locator is a Unix socket path.
 //!
-//! Stacks are found by name through [`by_name`], which is how configuration
-//! files pick them.
+//! Stacks are found by name through [`by_name`], or [`build`] with the
+//! options a configuration file gives (interface, LTL underneath, address).
 
 #![deny(missing_docs)]
 
@@ -43,6 +43,57 @@ pub const STACK_NAMES: &[&str] = &["mem", "udp", "tcp", "ltl", "ether", "smoltcp
 pub const STACK_NAMES: &[&str] = &[
     "mem", "udp", "tcp", "ltl", "ether", "smoltcp", "shm", "dpdk",
 ];
+
+/// How a stack that sits on a network interface is set up, from a
+/// daemon's configuration; stacks over sockets ignore it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackOptions {
+    /// The interface (`ether`, `smoltcp`, `dpdk`).
+    pub interface: Option<String>,
+    /// `ether`, `dpdk`: LTL underneath (reliable, ordered links).
+    pub reliable: bool,
+    /// `smoltcp`: its own IPv4 address and prefix length.
+    pub address: Option<(std::net::Ipv4Addr, u8)>,
+    /// `smoltcp`: UDP links instead of TCP.
+    pub datagrams: bool,
+}
+
+/// A new instance of the stack called `name` set up by `options`, or
+/// `None` for an unknown name.
+pub fn build(name: &str, options: &StackOptions) -> Option<Arc<dyn Stack>> {
+    let ether = || ether::EtherConfig {
+        interface: options.interface.clone(),
+        reliable: options.reliable,
+        ..ether::EtherConfig::default()
+    };
+    match name {
+        "ether" => Some(Arc::new(ether::EtherStack::with_config(ether()))),
+        "smoltcp" => {
+            let mut host = uniplane_smoltcp::HostConfig::default();
+            if let Some((addr, prefix_len)) = options.address {
+                host.addr = addr;
+                host.prefix_len = prefix_len;
+            }
+            Some(Arc::new(uniplane_smoltcp::SmoltcpStack::with_config(
+                uniplane_smoltcp::SmoltcpConfig {
+                    interface: options.interface.clone(),
+                    host,
+                    transport: if options.datagrams {
+                        uniplane_smoltcp::Transport::Udp
+                    } else {
+                        uniplane_smoltcp::Transport::Tcp
+                    },
+                },
+            )))
+        }
+        #[cfg(feature = "dpdk")]
+        "dpdk" => Some(Arc::new(ether::EtherStack::with_opener(
+            ether(),
+            uniplane_dpdk::DpdkOpener::default(),
+        ))),
+        other => by_name(other),
+    }
+}
 
 /// A new instance of the stack called `name`, or `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Arc<dyn Stack>> {

@@ -534,3 +534,57 @@ fn a_reload_may_change_how_the_classes_share_but_not_which_exist() {
         vec!["underlay (queue depth, which classes exist)"]
     );
 }
+
+#[test]
+fn stacks_on_an_interface_take_their_options_and_need_what_they_need() {
+    let base = "[server]\nid = \"10.0.0.1\"\n[cluster]\nsecret = \"k\"\n";
+    let text = format!(
+        "{base}[[stacks]]\nname = \"ether\"\ninterface = \"veth0\"\n\
+         [[stacks]]\nname = \"smoltcp\"\ninterface = \"tap0\"\naddress = \"10.9.0.1/24\"\ntransport = \"udp\"\nlisten = \"10.9.0.1:7470\"\n\
+         [[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\nstack = \"ether\"\nmac = \"02:00:00:00:00:02\"\n"
+    );
+    let c = Config::parse(&text, "a.toml").unwrap();
+    let ether = &c.stacks[0];
+    assert!(ether.on_ethernet());
+    assert_eq!(ether.options.interface.as_deref(), Some("veth0"));
+    assert!(ether.options.reliable, "tunnels over Ethernet run LTL");
+    let smol = &c.stacks[1];
+    assert_eq!(
+        smol.options.address,
+        Some(("10.9.0.1".parse().unwrap(), 24))
+    );
+    assert!(smol.options.datagrams);
+    assert_eq!(c.peers[0].mac, Some([2, 0, 0, 0, 0, 2]));
+
+    for (bad, want) in [
+        ("[[stacks]]\nname = \"ether\"\n", "runs on an interface"),
+        (
+            "[[stacks]]\nname = \"ether\"\ninterface = \"e\"\nlisten = \"1.2.3.4:5\"\n",
+            "listens on its interface",
+        ),
+        ("[[stacks]]\nname = \"smoltcp\"\ninterface = \"e\"\n", "needs its own address"),
+        (
+            "[[stacks]]\nname = \"smoltcp\"\ninterface = \"e\"\naddress = \"10.0.0.1\"\n",
+            "with its prefix",
+        ),
+        (
+            "[[stacks]]\nname = \"smoltcp\"\ninterface = \"e\"\naddress = \"10.0.0.1/8\"\ntransport = \"sctp\"\n",
+            "expected \"tcp\" or \"udp\"",
+        ),
+        ("[[stacks]]\nname = \"tcp\"\ninterface = \"e\"\n", "takes no such option"),
+        ("[[stacks]]\nname = \"ether\"\ninterface = \"e\"\naddress = \"1.2.3.4/8\"\n", "takes no such option"),
+        (
+            "[[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\nstack = \"ether\"\n",
+            "needs its MAC",
+        ),
+        (
+            "[[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\nmac = \"02:00\"\n",
+            "is not a MAC address",
+        ),
+    ] {
+        let err = Config::parse(&format!("{base}{bad}"), "a.toml")
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+}

@@ -243,7 +243,7 @@ impl Daemon {
         // reason, not the first message.
         let mut stacks: Vec<Arc<dyn Stack>> = Vec::new();
         for s in &config.stacks {
-            let stack = uniplane_stacks::by_name(&s.name).ok_or_else(|| {
+            let stack = uniplane_stacks::build(&s.name, &s.options).ok_or_else(|| {
                 DaemonError::NoStack(format!(
                     "stack `{}` is not in this build (it has {})",
                     s.name,

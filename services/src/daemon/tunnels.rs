@@ -22,14 +22,18 @@ use crate::seal::{End, Sealer};
 /// address to listen on.
 pub(super) async fn listen_stacks(shared: &std::sync::Arc<Shared>) -> Result<(), DaemonError> {
     for sc in shared.config.stacks.clone() {
-        let (Some(addr), Some(stack)) = (
-            sc.listen,
-            shared.stacks.iter().find(|s| s.name() == sc.name).cloned(),
-        ) else {
+        // A stack on Ethernet listens on its interface; one over IP on
+        // its address, when it has one.
+        let at = match (&sc.options.interface, sc.listen) {
+            (Some(iface), _) if sc.on_ethernet() => Locator::Name(iface.clone()),
+            (_, Some(addr)) => Locator::Socket(addr),
+            _ => continue,
+        };
+        let Some(stack) = shared.stacks.iter().find(|s| s.name() == sc.name).cloned() else {
             continue;
         };
         let listener = stack
-            .listen(&Locator::Socket(addr))
+            .listen(&at)
             .await
             .map_err(|source| DaemonError::Stack {
                 stack: sc.name.clone(),
@@ -48,7 +52,7 @@ pub(super) async fn listen_stacks(shared: &std::sync::Arc<Shared>) -> Result<(),
                 }
             }
         });
-        tracing::info!(stack = %sc.name, %addr, "tunnel listener up");
+        tracing::info!(stack = %sc.name, %at, "tunnel listener up");
     }
     Ok(())
 }
@@ -203,10 +207,11 @@ pub(super) async fn open(
         .ok_or(format!("stack {} not running", peer.stack))?;
     let acceptor = Uid::new(server, DAEMON_DEVICE);
     let handshake_ = async {
-        let mut link = stack
-            .connect(&Locator::Socket(peer.tunnel))
-            .await
-            .map_err(|e| e.to_string())?;
+        let to = match peer.mac {
+            Some(mac) => Locator::Mac(mac),
+            None => Locator::Socket(peer.tunnel),
+        };
+        let mut link = stack.connect(&to).await.map_err(|e| e.to_string())?;
         let our_nonce = nonce();
         let hello = frame(
             ReqType::Connect,
