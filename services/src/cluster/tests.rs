@@ -1,0 +1,2 @@
+//! The cluster file's checks, one behaviour each.
+use super::*;
