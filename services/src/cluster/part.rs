@@ -362,12 +362,18 @@ fn quote(s: &str) -> String {
 pub(super) fn shared_lines(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut keep = false;
+    // Before the first header, each key decides for itself
+    // (`policy.default = "deny"` is the shared policy's).
+    let mut top = true;
     let mut quote = Quote::None;
     let mut depth = 0usize;
     for line in text.split_inclusive('\n') {
         if quote == Quote::None && depth == 0 {
             if let Some(table) = header(line) {
                 keep = SHARED_TABLES.contains(&table);
+                top = false;
+            } else if let (true, Some(key)) = (top, first_key(line)) {
+                keep = SHARED_TABLES.contains(&key);
             }
         }
         scan(line.as_bytes(), &mut quote, &mut depth);
@@ -388,6 +394,16 @@ fn header(line: &str) -> Option<&str> {
     let rest = line.trim_start().strip_prefix('[')?;
     let rest = rest.strip_prefix('[').unwrap_or(rest);
     let name = rest.split([']', '.']).next()?.trim();
+    Some(name.trim_matches(['"', '\'']))
+}
+
+/// The first name of a `key = value` or `dotted.key = value` line.
+fn first_key(line: &str) -> Option<&str> {
+    let line = line.trim_start();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name = line.split(['=', '.']).next()?.trim();
     Some(name.trim_matches(['"', '\'']))
 }
 

@@ -467,6 +467,21 @@ fn a_line_inside_a_multi_line_array_is_never_taken_for_a_table() {
     );
 }
 
+#[test]
+fn a_shared_key_before_the_first_table_is_kept_and_the_others_are_not() {
+    let text = "policy.default = \"deny\"\nlinks = []\n[[servers]]\n";
+    assert_eq!(part::shared_lines(text), "policy.default = \"deny\"\n\n\n");
+    let text = format!(
+        "policy.default = \"deny\"\n{}",
+        BASE.replace("[policy]\ndefault = \"allow\"\n", "")
+    );
+    let c = Cluster::parse(&text, "c.toml").unwrap();
+    assert_eq!(
+        c.servers[0].config.default_action,
+        crate::config::DefaultAction::Deny
+    );
+}
+
 /// Each example server's part parses and agrees with the cluster: its
 /// peers are the servers it is linked to, at their addresses; the secret
 /// and the classes are the cluster's.

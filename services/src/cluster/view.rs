@@ -78,12 +78,16 @@ impl fmt::Display for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names = names(self);
         let name = |id| names.get(&id).copied().unwrap_or("?");
+        let count = |n: usize, what: &str| match n {
+            1 => format!("1 {what}"),
+            n => format!("{n} {what}s"),
+        };
         writeln!(
             f,
-            "cluster {}: {} servers, {} links",
+            "cluster {}: {}, {}",
             self.name,
-            self.servers.len(),
-            self.links.len()
+            count(self.servers.len(), "server"),
+            count(self.links.len(), "link")
         )?;
         if let Some(first) = self.servers.first() {
             let c = &first.config;
