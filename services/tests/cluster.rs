@@ -3,7 +3,8 @@
 //! place; `uniplaned --cluster --check` takes each example server's part;
 //! and the two-server example runs — two `uniplaned --cluster FILE
 //! --server-id ID` on loopback (its addresses moved to 127.0.0.1, the
-//! server IDs kept) — with a cross-server `uniplane ping`.
+//! server IDs kept) — with a cross-server `uniplane ping`, and a rule
+//! added to the file applied on SIGHUP.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -236,7 +237,7 @@ fn peers_alive(dir: &Path) -> bool {
 }
 
 #[test]
-fn the_two_server_example_runs_and_pings_across_servers() {
+fn the_two_server_example_runs_pings_across_servers_and_reloads_on_sighup() {
     let dir = scratch("run");
     let key = dir.join("cluster.key");
     let out = uniplane(&["cluster", "keygen", key.to_str().unwrap()]);
@@ -299,6 +300,37 @@ fn the_two_server_example_runs_and_pings_across_servers() {
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["received"], 3, "{summary}");
     assert_eq!(summary["target"], "10.77.0.2:1/7");
+
+    // SIGHUP re-reads the cluster file: a rule added there refuses
+    // alpha's next connection to beta's echo device.
+    cluster.push_str(
+        "\n[[policy.rules]]\nsrc = \"10.77.0.1:*\"\ndst = \"10.77.0.2:1\"\n\
+         types = [\"CONNECT\"]\naction = \"deny\"\n",
+    );
+    std::fs::write(&file, &cluster).unwrap();
+    for c in &daemons.0 {
+        let hup = Command::new("kill")
+            .args(["-HUP", &c.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(hup.success());
+    }
+    let start = Instant::now();
+    loop {
+        let out = uniplane_at(
+            &runtime("alpha"),
+            &["ping", "10.77.0.2:1/7", "--count", "1"],
+        );
+        if !out.status.success() {
+            assert!(text(&out.stderr).contains("denied"), "{out:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the reloaded rule not applied within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(daemons);
     let _ = std::fs::remove_dir_all(&dir);
 }
