@@ -52,7 +52,7 @@
 //! duplicate IDs, a link over a stack a server does not run, a route
 //! with no link to its destination — is checked here first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::path::Path;
@@ -61,7 +61,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::{Config, ConfigError, DeviceKind};
+use crate::config::{Config, ConfigError};
 
 mod part;
 mod view;
@@ -292,8 +292,7 @@ impl Known<'_> {
         self.raw.name.get_ref()
     }
 
-    /// The tunnel address of its stack `name`, if it runs that stack
-    /// with a listener.
+    /// Its stack `name`, if it runs that stack.
     fn stack(&self, name: &str) -> Option<&RawStack> {
         self.raw.stacks.iter().find(|s| s.name.get_ref() == name)
     }
@@ -776,24 +775,6 @@ fn device<'r>(
             ),
         ),
     }
-}
-
-/// Device kinds by the names the file uses (for the view).
-fn kind_name(kind: DeviceKind) -> &'static str {
-    match kind {
-        DeviceKind::Echo => "echo",
-        DeviceKind::Memory => "memory",
-        DeviceKind::Relay => "relay",
-    }
-}
-
-/// Server names by ID, for the view.
-fn names(cluster: &Cluster) -> HashMap<Ipv4Addr, &str> {
-    cluster
-        .servers
-        .iter()
-        .map(|s| (s.config.server, s.name.as_str()))
-        .collect()
 }
 
 #[cfg(test)]

@@ -4,12 +4,32 @@
 //! As text ([`std::fmt::Display`]) or as one JSON document
 //! ([`Cluster::to_json`]).
 
+use std::collections::HashMap;
 use std::fmt;
+use std::net::Ipv4Addr;
 
 use serde_json::{json, Value};
 
-use super::{kind_name, names, Cluster};
-use crate::config::{Config, DefaultAction, PeerConfig, Scheduling, UidPattern};
+use super::Cluster;
+use crate::config::{Config, DefaultAction, DeviceKind, PeerConfig, Scheduling, UidPattern};
+
+/// Device kinds by the names the file uses.
+fn kind_name(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Echo => "echo",
+        DeviceKind::Memory => "memory",
+        DeviceKind::Relay => "relay",
+    }
+}
+
+/// Server names by ID.
+fn names(cluster: &Cluster) -> HashMap<Ipv4Addr, &str> {
+    cluster
+        .servers
+        .iter()
+        .map(|s| (s.config.server, s.name.as_str()))
+        .collect()
+}
 
 /// `*`, `A.B.C.D:*`, `A.B.C.D:N` or `A.B.C.D/LEN:*`, as the file writes it.
 pub(super) fn pattern(p: &UidPattern) -> String {
