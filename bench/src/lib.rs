@@ -17,7 +17,8 @@
 //! - [`fabric`]: the overlay engine's throughput (DUA Table 2) and the
 //!   latency it adds (DUA Fig. 11(a)).
 //! - [`share`]: three applications sharing a shaped interface as the
-//!   policy changes (DUA Fig. 11(b)).
+//!   policy changes (DUA Fig. 11(b)); [`share_daemons`]: the same through
+//!   two daemons, their underlay and a tunnel.
 //! - [`path`]: the whole path of one server through a `uniplaned` started
 //!   for the run; [`tunnel`]: one way between two servers, through two
 //!   daemons and the sealed tunnel between them, beside the stack alone.
@@ -48,6 +49,7 @@ pub mod report;
 pub mod rpc;
 pub mod rtt;
 pub mod share;
+pub mod share_daemons;
 pub mod sizes;
 pub mod stacks;
 pub mod stamp;

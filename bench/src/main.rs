@@ -245,15 +245,30 @@ struct ShareArgs {
     /// Length of each of the four phases.
     #[arg(long, default_value_t = 250)]
     phase_ms: u64,
-    /// Shaped interface rate, Gbit/s.
-    #[arg(long, default_value_t = 8.0)]
-    gbps: f64,
+    /// Shaped interface rate, Gbit/s (default: 8 for `mux`, 0.2 for
+    /// `daemons`).
+    #[arg(long)]
+    gbps: Option<f64>,
     /// Sampling interval.
     #[arg(long, default_value_t = 10)]
     interval_ms: u64,
     /// Draw the figure (throughput of each app over time): .svg or .png.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// `mux`: the underlay's multiplexer alone, in this process;
+    /// `daemons`: two uniplaned peered over a tunnel, three applications
+    /// on each side, the weights changed live halfway (two phases).
+    #[arg(long, default_value = "mux")]
+    through: String,
+    /// The tunnel's stack, through the daemons: tcp, ltl or udp.
+    #[arg(long, default_value = "tcp")]
+    tunnel: String,
+    /// Payload bytes per message, through the daemons.
+    #[arg(long, default_value_t = 968)]
+    size: usize,
+    /// The daemon binary (default: next to this program).
+    #[arg(long)]
+    uniplaned: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1124,10 +1139,20 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
     let weights: Result<Vec<u32>, _> = a.weights.split(':').map(str::parse).collect();
     let weights = weights
         .map_err(|_| BenchError::Config(format!("--weights `{}`: like 1:1:2", a.weights)))?;
+    match a.through.as_str() {
+        "mux" => {}
+        "daemons" => return share_through_daemons(cli, a, weights),
+        other => {
+            return Err(BenchError::Config(format!(
+                "--through `{other}`: mux or daemons"
+            )))
+        }
+    }
+    let gbps = a.gbps.unwrap_or(8.0);
     let opts = ShareOptions {
         weights,
         phase_ms: a.phase_ms,
-        rate_bps: (a.gbps * 1e9) as u64,
+        rate_bps: (gbps * 1e9) as u64,
         interval_ms: a.interval_ms,
     };
     let r = run_share(&opts)?;
@@ -1153,7 +1178,50 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
         r.results["utilization_min"].as_f64().unwrap_or(0.0),
         r.results["settle_ms_max"],
     );
-    let params = json!({ "weights": a.weights, "phase_ms": a.phase_ms, "gbps": a.gbps, "interval_ms": a.interval_ms });
+    let params = json!({ "weights": a.weights, "phase_ms": a.phase_ms, "gbps": gbps, "interval_ms": a.interval_ms, "through": "mux" });
+    emit(cli.json, &Report::new("share", params, r.results))
+}
+
+fn share_through_daemons(cli: &Cli, a: &ShareArgs, weights: Vec<u32>) -> Result<(), BenchError> {
+    use uniplane_bench::share_daemons::{run_share_through_daemons, DaemonShareOptions};
+    use uniplane_bench::tunnel::TunnelStack;
+    let stack = TunnelStack::by_name(&a.tunnel)
+        .ok_or_else(|| BenchError::Config(format!("--tunnel `{}`: tcp, ltl or udp", a.tunnel)))?;
+    let gbps = a.gbps.unwrap_or(0.2);
+    let opts = DaemonShareOptions {
+        weights,
+        phase_ms: a.phase_ms,
+        rate_bps: (gbps * 1e9).round() as u64,
+        interval_ms: a.interval_ms,
+        size: a.size,
+        stack,
+        uniplaned: a.uniplaned.clone(),
+    };
+    let r = run_share_through_daemons(&opts)?;
+    if let Some(path) = &a.plot {
+        uniplane_bench::share::plot(path, &r.series)?;
+        println!("  plot: {}", path.display());
+    }
+    for p in r.results["phases"].as_array().into_iter().flatten() {
+        println!(
+            "phase {}: target {} achieved {} error {:.3} utilization {:.3} settled after {} ms",
+            p["phase"],
+            p["target"],
+            p["achieved"],
+            p["share_error"].as_f64().unwrap_or(0.0),
+            p["utilization"].as_f64().unwrap_or(0.0),
+            p["settle_ms"],
+        );
+    }
+    println!(
+        "through daemons over {}: max_share_error {:.3}, utilization {:.3}, settle_ms {:.1} after the live change (its requests took {:.1} ms)",
+        a.tunnel,
+        r.results["max_share_error"].as_f64().unwrap_or(0.0),
+        r.results["utilization"].as_f64().unwrap_or(0.0),
+        r.results["settle_ms"].as_f64().unwrap_or(0.0),
+        r.results["change_took_ms"].as_f64().unwrap_or(0.0),
+    );
+    let params = json!({ "weights": a.weights, "phase_ms": a.phase_ms, "gbps": gbps, "interval_ms": a.interval_ms, "through": "daemons", "tunnel": a.tunnel, "size": a.size });
     emit(cli.json, &Report::new("share", params, r.results))
 }
 

@@ -340,10 +340,10 @@ impl Drop for ScratchDir {
 
 /// Two daemons, peers of each other over one stack, sharing a cluster
 /// secret; stopped, and their directory removed, on drop.
-struct DaemonPair {
+pub(crate) struct DaemonPair {
     // Dropped in this order: the daemons, then the directory.
-    a: DaemonProcess,
-    b: DaemonProcess,
+    pub(crate) a: DaemonProcess,
+    pub(crate) b: DaemonProcess,
     _dir: ScratchDir,
 }
 
@@ -357,6 +357,15 @@ struct Listens {
 
 impl DaemonPair {
     fn start(binary: &Path, stack: TunnelStack) -> Result<DaemonPair, BenchError> {
+        DaemonPair::start_with(binary, stack, "")
+    }
+
+    /// Two daemons whose files end with `extra` (more tables).
+    pub(crate) fn start_with(
+        binary: &Path,
+        stack: TunnelStack,
+        extra: &str,
+    ) -> Result<DaemonPair, BenchError> {
         let dir = ScratchDir(scratch_dir("tunnel")?);
         let secret = dir.0.join("cluster.key");
         Key::generate(&secret).map_err(|e| BenchError::Config(e.to_string()))?;
@@ -375,7 +384,7 @@ impl DaemonPair {
             let runtime = dir.0.join(name);
             std::fs::create_dir_all(&runtime)
                 .map_err(|e| BenchError::Config(format!("{}: {e}", runtime.display())))?;
-            let text = daemon_config(stack, me, other, &runtime, &secret);
+            let text = daemon_config(stack, me, other, &runtime, &secret) + extra;
             DaemonProcess::spawn(binary, runtime, &text, &[])
         };
         let pair = DaemonPair {
@@ -415,7 +424,7 @@ impl DaemonPair {
     }
 
     /// Which daemon is gone, and what it logged, if one is.
-    fn exited(&mut self) -> Option<String> {
+    pub(crate) fn exited(&mut self) -> Option<String> {
         let mut gone = Vec::new();
         for (name, d) in [("A", &mut self.a), ("B", &mut self.b)] {
             if !d.running() {

@@ -247,3 +247,35 @@ async fn a_class_the_peer_may_not_use_is_refused_and_weights_change_live() {
         .await;
     assert!(bad.is_err(), "a weight of 0 is refused");
 }
+
+/// A peer reached over a stack the daemon does not run fails the start
+/// with the reason, not the first message.
+#[tokio::test]
+async fn a_peer_over_a_stack_not_running_fails_the_start() {
+    let base =
+        std::env::temp_dir().join(format!("uniplane-underlay-nostack-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let secret = base.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let text = config(
+        A,
+        (free_port(), free_port()),
+        B,
+        (free_port(), free_port()),
+        "",
+        &secret,
+    )
+    .replace("stack = \"tcp\"", "stack = \"udp\"");
+    let config = Config::parse(&text, "nostack").unwrap();
+    let err = embedded(config, &base.join("d"))
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .expect("the start fails");
+    assert!(
+        err.contains("`udp` stack, which [[stacks]] does not run"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

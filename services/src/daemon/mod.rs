@@ -64,6 +64,9 @@ pub enum DaemonError {
     /// The configured plane cannot run in this build or on this machine.
     #[error("{0}")]
     NoPlane(String),
+    /// A configured stack cannot run.
+    #[error("{0}")]
+    NoStack(String),
     /// The plane refused a setup step.
     #[error("plane: {0}")]
     Plane(#[from] uniplane_overlay::PlaneError),
@@ -235,11 +238,30 @@ impl Daemon {
     ) -> Result<Daemon, DaemonError> {
         let runtime = runtime_dir(config.runtime_dir.as_deref());
         uniplane_client::prepare_runtime_dir(&runtime)?;
-        let stacks: Vec<Arc<dyn Stack>> = config
-            .stacks
+        // A stack the file names but this build lacks, or a peer whose
+        // tunnels would need a stack not running, fails the start with the
+        // reason, not the first message.
+        let mut stacks: Vec<Arc<dyn Stack>> = Vec::new();
+        for s in &config.stacks {
+            let stack = uniplane_stacks::by_name(&s.name).ok_or_else(|| {
+                DaemonError::NoStack(format!(
+                    "stack `{}` is not in this build (it has {})",
+                    s.name,
+                    uniplane_stacks::STACK_NAMES.join(", ")
+                ))
+            })?;
+            stacks.push(stack);
+        }
+        if let Some(p) = config
+            .peers
             .iter()
-            .filter_map(|s| uniplane_stacks::by_name(&s.name))
-            .collect();
+            .find(|p| !config.stacks.iter().any(|s| s.name == p.stack))
+        {
+            return Err(DaemonError::NoStack(format!(
+                "peer {} is reached over the `{}` stack, which [[stacks]] does not run",
+                p.server, p.stack
+            )));
+        }
         let secret = config
             .secret
             .as_deref()
