@@ -4,7 +4,8 @@
 //! and the two-server example runs — two `uniplaned --cluster FILE
 //! --server-id ID` on loopback (its addresses moved to 127.0.0.1, the
 //! server IDs kept) — with a cross-server `uniplane ping`, and a rule
-//! added to the file applied on SIGHUP.
+//! added to the file applied on SIGHUP; and the three-server example
+//! in network namespaces (skipped without root and `ip netns`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -331,6 +332,125 @@ fn the_two_server_example_runs_pings_across_servers_and_reloads_on_sighup() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    drop(daemons);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The three-server example as it is, in network namespaces: one per
+/// server with its ID's address, the servers' bridge in a hub namespace.
+/// Only the runtime directories and the key move (the filesystem is
+/// shared with other runs).
+#[test]
+fn the_three_server_example_runs_in_namespaces_each_daemon_finding_its_server() {
+    if !uniplane_netns::require("three_server_example", false) {
+        return;
+    }
+    uniplane_netns::remove_leftovers();
+    let dir = scratch("netns");
+    let key = dir.join("cluster.key");
+    assert!(uniplane(&["cluster", "keygen", key.to_str().unwrap()])
+        .status
+        .success());
+    let mut cluster = std::fs::read_to_string(example("three-servers.toml")).unwrap();
+    let runtime = |name: &str| dir.join(name);
+    for name in ["alpha", "beta", "gamma"] {
+        let from = format!("\"/tmp/uniplane-{name}\"");
+        assert!(cluster.contains(&from), "{from}");
+        cluster = cluster.replace(&from, &format!("\"{}\"", runtime(name).display()));
+    }
+    cluster = cluster.replace(
+        "\"/tmp/uniplane-cluster-example.key\"",
+        &format!("\"{}\"", key.display()),
+    );
+    let file = dir.join("three-servers.toml");
+    std::fs::write(&file, &cluster).unwrap();
+
+    let hub = uniplane_netns::Namespace::new().expect("hub namespace");
+    hub.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
+    hub.ip(&["link", "set", "br0", "up"]).unwrap();
+    let tag = std::process::id() % 100_000;
+    let mut servers = Vec::new();
+    for i in 1..=3 {
+        let ns = uniplane_netns::Namespace::new().expect("server namespace");
+        let (inner, outer) = (format!("e{tag}s{i}"), format!("c{tag}s{i}"));
+        let out = Command::new("ip")
+            .args(["link", "add", &inner, "netns", ns.name(), "type", "veth"])
+            .args(["peer", "name", &outer, "netns", hub.name()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        hub.ip(&["link", "set", &outer, "master", "br0"]).unwrap();
+        hub.ip(&["link", "set", &outer, "up"]).unwrap();
+        ns.ip(&["addr", "add", &format!("10.77.0.{i}/24"), "dev", &inner])
+            .unwrap();
+        ns.ip(&["link", "set", &inner, "up"]).unwrap();
+        servers.push(ns);
+    }
+    // No --server-id: each finds the server whose ID is its address.
+    let mut daemons = Daemons(Vec::new());
+    for ns in &servers {
+        let child = ns
+            .command(env!("CARGO_BIN_EXE_uniplaned"))
+            .arg("--cluster")
+            .arg(&file)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("uniplaned starts");
+        daemons.0.push(child);
+    }
+    let start = Instant::now();
+    for (name, peers) in [("alpha", 1), ("beta", 2), ("gamma", 1)] {
+        loop {
+            let out = uniplane_at(&runtime(name), &["--json", "status"]);
+            let status: Option<Value> = serde_json::from_slice(&out.stdout).ok();
+            let alive = status.as_ref().is_some_and(|s| {
+                s["peers"]
+                    .as_array()
+                    .is_some_and(|p| p.len() == peers && p.iter().all(|x| x["alive"] == true))
+            });
+            if alive {
+                assert_eq!(status.unwrap()["name"], name);
+                break;
+            }
+            for c in &mut daemons.0 {
+                assert!(c.try_wait().unwrap().is_none(), "a daemon exited early");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{name}'s peers not alive within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let ping =
+        |from: &str, to: &str| uniplane_at(&runtime(from), &["--json", "ping", to, "--count", "3"]);
+    let out = ping("alpha", "10.77.0.2:1/7");
+    assert!(out.status.success(), "alpha → beta: {out:?}");
+    // beta → gamma goes through beta's relay device (its route).
+    let out = ping("beta", "10.77.0.3:1/7");
+    assert!(out.status.success(), "beta → gamma: {out:?}");
+    let stats = uniplane_at(&runtime("beta"), &["--json", "stats"]);
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let relay = stats
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == "relay"))
+        .unwrap_or_else(|| panic!("no relay port in {stats}"));
+    assert!(
+        relay["counters"]["rx_msgs"]
+            .as_u64()
+            .is_some_and(|n| n >= 3),
+        "{relay}"
+    );
+    // alpha and gamma are not linked: not each other's peers.
+    let out = ping("alpha", "10.77.0.3:1/7");
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stdout).contains("no peer server 10.77.0.3")
+            || text(&out.stderr).contains("no peer server 10.77.0.3"),
+        "{out:?}"
+    );
     drop(daemons);
     let _ = std::fs::remove_dir_all(&dir);
 }
