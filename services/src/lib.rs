@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod daemon;

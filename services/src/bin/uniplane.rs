@@ -56,7 +56,8 @@ enum Command {
         #[command(subcommand)]
         what: PlaneCommand,
     },
-    /// The cluster's shared secret (no daemon needed).
+    /// The cluster's shared secret, and its cluster file (no daemon
+    /// needed).
     Cluster {
         #[command(subcommand)]
         what: ClusterCommand,
@@ -156,6 +157,13 @@ enum ClusterCommand {
         /// Where to write it.
         file: std::path::PathBuf,
     },
+    /// Validates a cluster file (each mistake with its file, line and
+    /// column) and prints the resolved view: per server its stacks,
+    /// devices, peers with their addresses, and routes; the classes.
+    Check {
+        /// The cluster file.
+        file: std::path::PathBuf,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -196,6 +204,22 @@ async fn run(args: &Args) -> Result<(), ClientError> {
             println!("{}", json!({ "ok": true, "file": file }));
         } else {
             println!("wrote a new cluster secret to {}", file.display());
+        }
+        return Ok(());
+    }
+    if let Command::Cluster {
+        what: ClusterCommand::Check { file },
+    } = &args.command
+    {
+        let cluster =
+            uniplane_services::cluster::Cluster::load(file).map_err(|e| ClientError::Daemon {
+                kind: "cluster check".into(),
+                message: e.to_string(),
+            })?;
+        if args.json {
+            println!("{}", json!({ "ok": true, "view": cluster.to_json() }));
+        } else {
+            print!("{cluster}");
         }
         return Ok(());
     }

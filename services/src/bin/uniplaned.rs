@@ -2,22 +2,26 @@
 //!
 //! With no arguments it runs on its embedded default configuration (one
 //! server, loopback stacks, an echo device); `--config FILE` runs a real
-//! deployment. `--plane engine|rtl` picks the forwarding plane (the
+//! deployment, and `--cluster FILE` its server's part of a cluster file
+//! (the server named by `--server-id`, else the first whose ID is an
+//! address of this host). `--plane engine|rtl` picks the forwarding plane (the
 //! file's `plane = ` otherwise; the engine by default). Logs go to stderr
 //! (`RUST_LOG` filters them; colour only on a terminal; `--log-format
 //! json` for log collectors).
 //!
 //! Under systemd (`Type=notify`, the unit in `packaging/`) it says
-//! `READY=1` once its sockets answer; SIGHUP re-reads `--config` and
+//! `READY=1` once its sockets answer; SIGHUP re-reads its file and
 //! applies the access rules live (anything else that changed is refused
 //! and named in the log); SIGTERM or Ctrl-C closes every connection with
 //! a notice to its processes and peers, then exits.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use uniplane_services::cluster::Cluster;
 use uniplane_services::config::{Config, DEFAULT_CONFIG};
 use uniplane_services::{Daemon, PlaneKind};
 
@@ -28,6 +32,14 @@ struct Args {
     /// Configuration file (TOML); without it the embedded default is used.
     #[arg(long, short)]
     config: Option<PathBuf>,
+    /// Cluster file (TOML) every server of the cluster reads: this
+    /// daemon runs its server's part.
+    #[arg(long, conflicts_with = "config", value_name = "FILE")]
+    cluster: Option<PathBuf>,
+    /// Which server of `--cluster` this is; default: the first whose ID
+    /// is an address of this host.
+    #[arg(long, requires = "cluster", value_name = "IP")]
+    server_id: Option<Ipv4Addr>,
     /// Forwarding plane: `engine` (software) or `rtl` (the simulated RTL,
     /// in a build with `--features rtl`); overrides the file's `plane`.
     #[arg(long, value_parser = parse_plane)]
@@ -98,11 +110,7 @@ fn main() -> std::process::ExitCode {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().init(),
     }
-    let config = match &args.config {
-        Some(path) => Config::load(path),
-        None => Config::embedded(),
-    };
-    let mut config = match config {
+    let mut config = match load(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("uniplaned: {e}");
@@ -113,8 +121,12 @@ fn main() -> std::process::ExitCode {
         config.plane = plane;
     }
     if args.check {
+        let of_cluster = match &args.cluster {
+            Some(path) => format!(" ({} of {})", config.name, path.display()),
+            None => String::new(),
+        };
         println!(
-            "configuration is valid: server {}, {} plane, {} stacks, {} devices, {} peers",
+            "configuration is valid: server {}{of_cluster}, {} plane, {} stacks, {} devices, {} peers",
             config.server,
             config.plane,
             config.stacks.len(),
@@ -162,7 +174,7 @@ fn main() -> std::process::ExitCode {
                 _ = term.recv() => break,
                 _ = hup.recv() => {
                     notify(&[sd_notify::NotifyState::Reloading]);
-                    reload(&daemon, args.config.as_deref(), args.plane).await;
+                    reload(&daemon, &args).await;
                     notify(&[sd_notify::NotifyState::Ready]);
                 }
             }
@@ -174,14 +186,59 @@ fn main() -> std::process::ExitCode {
     })
 }
 
+/// The configuration the arguments name: `--config`'s file, this
+/// server's part of `--cluster`'s, or the embedded default.
+fn load(args: &Args) -> Result<Config, String> {
+    if let Some(path) = &args.cluster {
+        return cluster_part(path, args.server_id);
+    }
+    match &args.config {
+        Some(path) => Config::load(path),
+        None => Config::embedded(),
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// Server `server_id`'s part of the cluster file at `path` (without
+/// `server_id`, the first server whose ID is an address of this host).
+fn cluster_part(path: &Path, server_id: Option<Ipv4Addr>) -> Result<Config, String> {
+    let cluster = Cluster::load(path).map_err(|e| e.to_string())?;
+    let id = match server_id.or_else(|| cluster.server_here()) {
+        Some(id) => id,
+        None => {
+            let ids: Vec<String> = cluster
+                .servers
+                .iter()
+                .map(|s| s.config.server.to_string())
+                .collect();
+            return Err(format!(
+                "{}: no server of cluster `{}` has an address of this host (its servers: {}); \
+                 name this one with --server-id",
+                path.display(),
+                cluster.name,
+                ids.join(", ")
+            ));
+        }
+    };
+    cluster
+        .config_for(id)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Re-reads the configuration file and applies what may change live; a
 /// file that does not parse, or that changes more, leaves all as it was.
-async fn reload(daemon: &Daemon, path: Option<&std::path::Path>, plane: Option<PlaneKind>) {
-    let Some(path) = path else {
+async fn reload(daemon: &Daemon, args: &Args) {
+    let Some(path) = args.cluster.as_deref().or(args.config.as_deref()) else {
         tracing::warn!("reload: running on the embedded default, no file to re-read");
         return;
     };
-    let mut new = match Config::load(path) {
+    // The same server as at start, even where `--server-id` was not
+    // given.
+    let reread = match &args.cluster {
+        Some(_) => cluster_part(path, Some(daemon.server())),
+        None => Config::load(path).map_err(|e| e.to_string()),
+    };
+    let mut new = match reread {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("reload refused, nothing changed: {e}");
@@ -189,7 +246,7 @@ async fn reload(daemon: &Daemon, path: Option<&std::path::Path>, plane: Option<P
         }
     };
     // `--plane` on the command line still holds.
-    if let Some(plane) = plane {
+    if let Some(plane) = args.plane {
         new.plane = plane;
     }
     match daemon.reload(&new).await {

@@ -1,0 +1,478 @@
+//! One server's part of a cluster file: the per-server configuration
+//! text its daemon would read, and the way back from an error in that
+//! text to the cluster file.
+//!
+//! The text is the cluster file with every line outside the shared
+//! tables (`[underlay]`, `[[classes]]`, `[policy]`, `[failure]`,
+//! `[limits]`) blanked, so those keep their line and column, and then
+//! the server's own tables — `[server]`, `[runtime]`, `[engine]`,
+//! `[[stacks]]`, `[[devices]]`, a `[[peers]]` per link, its
+//! `[[routes]]`, `[cluster] secret` — one value per line (an array's
+//! elements one per line too). Each added line remembers the place and
+//! the field of the cluster file it came from: an error that
+//! [`Config::parse`] reports on an added line is moved there.
+
+use super::{Known, RawIngress, Resolved, ResolvedRoute, Text, SHARED_TABLES};
+use crate::config::{Config, ConfigError};
+use toml::Spanned;
+
+/// Server `me`'s configuration, checked as a server's file is.
+pub(super) fn config(
+    src: &Text<'_>,
+    raw: &super::RawCluster,
+    known: &[Known<'_>],
+    links: &[Resolved<'_>],
+    routes: &[ResolvedRoute<'_>],
+    me: usize,
+) -> Result<Config, ConfigError> {
+    let server = &known[me];
+    let s = server.raw;
+    let mut w = Writer::new(src);
+    let at = s.id.span().start;
+    w.line("[server]", at, "servers");
+    w.string("id", &s.id, "servers.id");
+    w.string("name", &s.name, "servers.name");
+    w.string("peer_listen", &s.peer_listen, "servers.peer_listen");
+    if let Some(r) = &s.runtime {
+        w.line("[runtime]", at, "servers.runtime");
+        if let Some(v) = &r.dir {
+            w.string("dir", v, "servers.runtime.dir");
+        }
+        if let Some(v) = &r.metrics {
+            w.string("metrics", v, "servers.runtime.metrics");
+        }
+    }
+    if let Some(e) = &s.engine {
+        w.line("[engine]", at, "servers.engine");
+        for (key, v) in [
+            ("max_ports", &e.max_ports),
+            ("ring_depth", &e.ring_depth),
+            ("voq_depth", &e.voq_depth),
+            ("table_capacity", &e.table_capacity),
+        ] {
+            if let Some(v) = v {
+                w.int(key, v, &format!("servers.engine.{key}"));
+            }
+        }
+        if let Some(v) = &e.mode {
+            w.string("mode", v, "servers.engine.mode");
+        }
+    }
+    for st in &s.stacks {
+        w.line("[[stacks]]", st.name.span().start, "servers.stacks");
+        w.string("name", &st.name, "servers.stacks.name");
+        if let Some(v) = &st.listen {
+            w.string("listen", v, "servers.stacks.listen");
+        }
+    }
+    for d in &s.devices {
+        w.line("[[devices]]", d.name.span().start, "servers.devices");
+        w.string("name", &d.name, "servers.devices.name");
+        w.string("kind", &d.kind, "servers.devices.kind");
+        if let Some(v) = &d.device {
+            w.int("device", v, "servers.devices.device");
+        }
+        if let Some(v) = &d.memory {
+            w.int("memory", v, "servers.devices.memory");
+        }
+    }
+    for l in links.iter().filter(|l| l.a == me || l.b == me) {
+        // The other end is this server's peer; what this end accepts
+        // from it are the peer's ingress rules.
+        let (other, other_name, field, accepts, accepts_field) = if l.a == me {
+            (
+                l.b,
+                &l.raw.b,
+                "links.b",
+                &l.raw.a_accepts,
+                "links.a_accepts",
+            )
+        } else {
+            (
+                l.a,
+                &l.raw.a,
+                "links.a",
+                &l.raw.b_accepts,
+                "links.b_accepts",
+            )
+        };
+        let peer = &known[other];
+        let at = other_name.span().start;
+        w.line("[[peers]]", at, field);
+        w.string_at("server", &peer.id.to_string(), at, field);
+        w.string_at(
+            "address",
+            &peer.peer_listen.to_string(),
+            peer.raw.peer_listen.span().start,
+            "servers.peer_listen",
+        );
+        let stack_at = l.raw.stack.as_ref().map_or(at, |s| s.span().start);
+        w.string_at("stack", &l.stack, stack_at, "links.stack");
+        if let Some(listen) = peer.stack(&l.stack).and_then(|st| st.listen.as_ref()) {
+            w.string("tunnel", listen, "servers.stacks.listen");
+        }
+        if let Some(rules) = accepts {
+            w.ingress(rules, accepts_field);
+        }
+    }
+    for r in routes.iter().filter(|r| r.server == me) {
+        w.line("[[routes]]", r.raw.from.span().start, "routes");
+        w.string_at("from", &r.from, r.raw.from.span().start, "routes.from");
+        w.string_at("via", &r.via, r.raw.via.span().start, "routes.via");
+        w.string_at(
+            "to",
+            &format!("{}:*", known[r.to].id),
+            r.raw.to.span().start,
+            "routes.to",
+        );
+    }
+    if let Some(secret) = &raw.cluster.secret {
+        w.line("[cluster]", secret.span().start, "cluster");
+        w.string("secret", secret, "cluster.secret");
+    }
+    Config::parse(&w.text, src.file).map_err(|e| w.moved(e))
+}
+
+/// Where an added line's value is in the cluster file.
+struct Origin {
+    /// Its offset in the cluster text.
+    at: usize,
+    /// The cluster file's name for its field.
+    field: String,
+}
+
+/// A server's configuration text being written.
+struct Writer<'a> {
+    src: &'a Text<'a>,
+    text: String,
+    /// Lines of the cluster file kept (or blanked) at the top.
+    kept: usize,
+    /// One per added line.
+    origins: Vec<Origin>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(src: &'a Text<'a>) -> Writer<'a> {
+        let text = shared_lines(src.text);
+        Writer {
+            kept: text.matches('\n').count(),
+            src,
+            text,
+            origins: Vec::new(),
+        }
+    }
+
+    fn line(&mut self, line: &str, at: usize, field: &str) {
+        self.text.push_str(line);
+        self.text.push('\n');
+        self.origins.push(Origin {
+            at,
+            field: field.to_owned(),
+        });
+    }
+
+    fn string_at(&mut self, key: &str, value: &str, at: usize, field: &str) {
+        self.line(&format!("{key} = {}", quote(value)), at, field);
+    }
+
+    fn string(&mut self, key: &str, value: &Spanned<String>, field: &str) {
+        self.string_at(key, value.get_ref(), value.span().start, field);
+    }
+
+    fn int(&mut self, key: &str, value: &Spanned<i64>, field: &str) {
+        self.line(
+            &format!("{key} = {}", value.get_ref()),
+            value.span().start,
+            field,
+        );
+    }
+
+    /// An array, one element a line.
+    fn array<T>(
+        &mut self,
+        key: &str,
+        list: &[Spanned<T>],
+        field: &str,
+        show: impl Fn(&T) -> String,
+    ) {
+        let at = list.first().map_or(0, |v| v.span().start);
+        self.line(&format!("{key} = ["), at, field);
+        for v in list {
+            self.line(&format!("  {},", show(v.get_ref())), v.span().start, field);
+        }
+        self.line("]", at, field);
+    }
+
+    fn ingress(&mut self, rules: &RawIngress, field: &str) {
+        if let Some(list) = &rules.classes {
+            self.array("classes", list, &format!("{field}.classes"), i64::to_string);
+        }
+        if let Some(list) = &rules.types {
+            self.array("types", list, &format!("{field}.types"), |s| quote(s));
+        }
+        if let Some(v) = &rules.max_message {
+            self.int("max_message", v, &format!("{field}.max_message"));
+        }
+        if let Some(list) = &rules.sources {
+            self.array("sources", list, &format!("{field}.sources"), |s| quote(s));
+        }
+    }
+
+    /// `e`, moved from an added line to the cluster file's place and
+    /// field; an error on a kept line already has its place.
+    fn moved(&self, e: ConfigError) -> ConfigError {
+        match e {
+            ConfigError::Io { .. } => e,
+            ConfigError::Syntax {
+                file,
+                line,
+                column,
+                message,
+            } => {
+                let (line, column, _) = self.place(line, column, "");
+                ConfigError::Syntax {
+                    file,
+                    line,
+                    column,
+                    message,
+                }
+            }
+            ConfigError::Invalid {
+                file,
+                line,
+                column,
+                field,
+                message,
+            } => {
+                let (line, column, field) = self.place(line, column, &field);
+                ConfigError::Invalid {
+                    file,
+                    line,
+                    column,
+                    field,
+                    message,
+                }
+            }
+            ConfigError::OutOfRange {
+                file,
+                line,
+                column,
+                field,
+                value,
+                bounds,
+            } => {
+                let (line, column, field) = self.place(line, column, &field);
+                ConfigError::OutOfRange {
+                    file,
+                    line,
+                    column,
+                    field,
+                    value,
+                    bounds,
+                }
+            }
+            ConfigError::Conflict {
+                file,
+                line,
+                column,
+                field,
+                message,
+                other,
+            } => {
+                let (line, column, field) = self.place(line, column, &field);
+                ConfigError::Conflict {
+                    file,
+                    line,
+                    column,
+                    field,
+                    message,
+                    other: self.moved_other(other),
+                }
+            }
+        }
+    }
+
+    /// The cluster file's line, column and field for a place in the
+    /// written text.
+    fn place(&self, line: usize, column: usize, field: &str) -> (usize, usize, String) {
+        let Some(origin) = line
+            .checked_sub(self.kept + 1)
+            .and_then(|i| self.origins.get(i))
+        else {
+            return (line, column, field.to_owned());
+        };
+        let (line, column) = self.src.position(origin.at);
+        // A server's own field becomes the cluster file's; a shared one
+        // (`cluster.secret`, `classes.…`) keeps its name.
+        let own = [
+            "server", "runtime", "engine", "stacks", "devices", "peers", "routes",
+        ];
+        let first = field.split('.').next().unwrap_or_default();
+        let field = if own.contains(&first) {
+            origin.field.clone()
+        } else {
+            field.to_owned()
+        };
+        (line, column, field)
+    }
+
+    /// A conflict's first place (`` `FIELD` … at FILE:LINE:COLUMN``),
+    /// moved to the cluster file when it is on an added line.
+    fn moved_other(&self, other: String) -> String {
+        let mut parts = other.rsplitn(3, ':');
+        let (Some(column), Some(line), Some(head)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return other;
+        };
+        let (Ok(line), Ok(column)) = (line.parse::<usize>(), column.parse::<usize>()) else {
+            return other;
+        };
+        let Some(head) = head.strip_suffix(self.src.file) else {
+            return other;
+        };
+        let old_field = other
+            .strip_prefix('`')
+            .and_then(|s| s.split_once('`'))
+            .map(|(f, _)| f.to_owned())
+            .unwrap_or_default();
+        let (line, column, field) = self.place(line, column, &old_field);
+        let head = head.replacen(&format!("`{old_field}`"), &format!("`{field}`"), 1);
+        format!("{head}{}:{line}:{column}", self.src.file)
+    }
+}
+
+/// A TOML basic string.
+fn quote(s: &str) -> String {
+    let mut q = String::with_capacity(s.len() + 2);
+    q.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            c if c.is_control() => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
+}
+
+/// The cluster text with only the shared tables' lines kept, every other
+/// line blank, so the kept ones stay at their line and column.
+pub(super) fn shared_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut keep = false;
+    // Before the first header, each key decides for itself
+    // (`policy.default = "deny"` is the shared policy's).
+    let mut top = true;
+    let mut quote = Quote::None;
+    let mut depth = 0usize;
+    for line in text.split_inclusive('\n') {
+        if quote == Quote::None && depth == 0 {
+            if let Some(table) = header(line) {
+                keep = SHARED_TABLES.contains(&table);
+                top = false;
+            } else if let (true, Some(key)) = (top, first_key(line)) {
+                keep = SHARED_TABLES.contains(&key);
+            }
+        }
+        scan(line.as_bytes(), &mut quote, &mut depth);
+        if keep {
+            out.push_str(line);
+        } else if line.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+/// The first name of a `[table]` or `[[array.of.tables]]` header line.
+fn header(line: &str) -> Option<&str> {
+    let rest = line.trim_start().strip_prefix('[')?;
+    let rest = rest.strip_prefix('[').unwrap_or(rest);
+    let name = rest.split([']', '.']).next()?.trim();
+    Some(name.trim_matches(['"', '\'']))
+}
+
+/// The first name of a `key = value` or `dotted.key = value` line.
+fn first_key(line: &str) -> Option<&str> {
+    let line = line.trim_start();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name = line.split(['=', '.']).next()?.trim();
+    Some(name.trim_matches(['"', '\'']))
+}
+
+/// What the scanner is inside of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Quote {
+    None,
+    Basic,
+    Literal,
+    MultiBasic,
+    MultiLiteral,
+}
+
+/// Follows strings, comments and arrays through one line, so a line
+/// inside a multi-line string or array is never taken for a header.
+fn scan(line: &[u8], quote: &mut Quote, depth: &mut usize) {
+    let mut i = 0;
+    while i < line.len() {
+        let rest = &line[i..];
+        match *quote {
+            Quote::None => match line[i] {
+                b'#' => break,
+                b'"' if rest.starts_with(b"\"\"\"") => {
+                    *quote = Quote::MultiBasic;
+                    i += 3;
+                    continue;
+                }
+                b'\'' if rest.starts_with(b"'''") => {
+                    *quote = Quote::MultiLiteral;
+                    i += 3;
+                    continue;
+                }
+                b'"' => *quote = Quote::Basic,
+                b'\'' => *quote = Quote::Literal,
+                b'[' => *depth += 1,
+                b']' => *depth = depth.saturating_sub(1),
+                _ => {}
+            },
+            Quote::Basic => match line[i] {
+                b'\\' => i += 1,
+                b'"' => *quote = Quote::None,
+                _ => {}
+            },
+            Quote::Literal => {
+                if line[i] == b'\'' {
+                    *quote = Quote::None;
+                }
+            }
+            Quote::MultiBasic => {
+                if line[i] == b'\\' {
+                    i += 1;
+                } else if rest.starts_with(b"\"\"\"") {
+                    *quote = Quote::None;
+                    i += 3;
+                    continue;
+                }
+            }
+            Quote::MultiLiteral => {
+                if rest.starts_with(b"'''") {
+                    *quote = Quote::None;
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        i += 1;
+    }
+    // A one-line string ends with its line (or the file is refused).
+    if matches!(*quote, Quote::Basic | Quote::Literal) {
+        *quote = Quote::None;
+    }
+}
