@@ -164,6 +164,12 @@ struct RawServer {
 struct RawStack {
     name: Spanned<String>,
     listen: Option<Spanned<String>>,
+    interface: Option<Spanned<String>>,
+    address: Option<Spanned<String>>,
+    transport: Option<Spanned<String>>,
+    /// This server's MAC on the interface of an `ether`/`dpdk` stack:
+    /// where its linked peers' tunnels go.
+    mac: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -560,6 +566,20 @@ fn links<'r>(
                     ),
                 );
             };
+            if matches!(stack.as_str(), "ether" | "dpdk") {
+                if s.mac.is_none() {
+                    return src.invalid(
+                        s.name.span(),
+                        "servers.stacks.mac",
+                        format!(
+                            "server `{}`'s `{stack}` stack carries a link: give its MAC on \
+                             the interface (mac = \"02:…\") for its peer's tunnels",
+                            server.name()
+                        ),
+                    );
+                }
+                continue;
+            }
             let Some(listen) = &s.listen else {
                 return src.invalid(
                     s.name.span(),

@@ -64,6 +64,15 @@ pub(super) fn config(
         if let Some(v) = &st.listen {
             w.string("listen", v, "servers.stacks.listen");
         }
+        if let Some(v) = &st.interface {
+            w.string("interface", v, "servers.stacks.interface");
+        }
+        if let Some(v) = &st.address {
+            w.string("address", v, "servers.stacks.address");
+        }
+        if let Some(v) = &st.transport {
+            w.string("transport", v, "servers.stacks.transport");
+        }
     }
     for d in &s.devices {
         w.line("[[devices]]", d.name.span().start, "servers.devices");
@@ -110,6 +119,9 @@ pub(super) fn config(
         w.string_at("stack", &l.stack, stack_at, "links.stack");
         if let Some(listen) = peer.stack(&l.stack).and_then(|st| st.listen.as_ref()) {
             w.string("tunnel", listen, "servers.stacks.listen");
+        }
+        if let Some(mac) = peer.stack(&l.stack).and_then(|st| st.mac.as_ref()) {
+            w.string("mac", mac, "servers.stacks.mac");
         }
         if let Some(rules) = accepts {
             w.ingress(rules, accepts_field);

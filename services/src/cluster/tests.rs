@@ -542,3 +542,31 @@ fn the_three_server_example_agrees_with_itself() {
     assert_eq!(beta.routes.len(), 1);
     assert_eq!(beta.routes[0].to, "10.77.0.3:*".parse().unwrap());
 }
+
+#[test]
+fn a_link_over_ethernet_gives_each_end_the_others_mac_and_its_interface() {
+    let text = BASE
+        .replace(
+            "name = \"tcp\"\nlisten = \"127.0.0.1:17470\"",
+            "name = \"tcp\"\nlisten = \"127.0.0.1:17470\"\n\n[[servers.stacks]]\nname = \"ether\"\ninterface = \"veth-a\"\nmac = \"02:00:00:00:00:01\"",
+        )
+        .replace(
+            "name = \"tcp\"\nlisten = \"127.0.0.1:17471\"",
+            "name = \"tcp\"\nlisten = \"127.0.0.1:17471\"\n\n[[servers.stacks]]\nname = \"ether\"\ninterface = \"veth-b\"\nmac = \"02:00:00:00:00:02\"",
+        )
+        .replace(
+            "b = \"beta\"\nstack = \"tcp\"",
+            "b = \"beta\"\nstack = \"ether\"",
+        );
+    let c = Cluster::parse(&text, "c.toml").unwrap();
+    let alpha = c.config_for("10.9.0.1".parse().unwrap()).unwrap();
+    assert_eq!(alpha.peers[0].stack, "ether");
+    assert_eq!(alpha.peers[0].mac, Some([2, 0, 0, 0, 0, 2]));
+    let ether = alpha.stacks.iter().find(|s| s.name == "ether").unwrap();
+    assert_eq!(ether.options.interface.as_deref(), Some("veth-a"));
+    // Without its MAC, beta's ether stack cannot carry the link.
+    let err = Cluster::parse(&text.replace("mac = \"02:00:00:00:00:02\"\n", ""), "c.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("give its MAC"), "{err}");
+}
