@@ -80,6 +80,16 @@ pub struct MultiHopRoute {
     pub to: UidMatch,
 }
 
+/// A server that is not a neighbour, reached through one (a transit
+/// server: its daemon forwards from one tunnel to the next).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteSpec {
+    /// The far server.
+    pub server: Ipv4Addr,
+    /// The neighbour (a configured peer) its traffic goes through.
+    pub via: Ipv4Addr,
+}
+
 /// A neighbouring server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerSpec {
@@ -150,6 +160,8 @@ pub struct ControlConfig {
     /// The traffic classes connections may name (a class is a tunnel per
     /// peer, and a queue of its underlay).
     pub classes: Vec<u8>,
+    /// Servers reached through a peer.
+    pub remotes: Vec<RemoteSpec>,
 }
 
 impl ControlConfig {
@@ -170,6 +182,7 @@ impl ControlConfig {
             verdict_timeout: Duration::from_secs(2),
             limits: Limits::default(),
             classes: (0..8).collect(),
+            remotes: Vec::new(),
         }
     }
 

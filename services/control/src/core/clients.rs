@@ -112,7 +112,7 @@ impl Control {
         let pending: Vec<ConnKey> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.session == session)
+            .filter(|(_, p)| p.session == Some(session))
             .map(|(k, _)| *k)
             .collect();
         let mut entries = false;
@@ -123,7 +123,7 @@ impl Control {
                     // peer lets go of its own.
                     entries = true;
                     self.actions.push_back(Action::ToPeer {
-                        server: key.dst.server(),
+                        server: p.hop,
                         msg: PeerMsg::Close {
                             conn: key,
                             status: Status::Closed,

@@ -44,6 +44,7 @@ impl Control {
                 key,
                 class,
                 peer: None,
+                transit: None,
                 since: self.now,
             },
         );
@@ -81,12 +82,25 @@ impl Control {
         key: ConnKey,
         class: u8,
     ) -> Result<(), ControlError> {
-        let server = key.dst.server();
-        let waiting = self
-            .pending
-            .keys()
-            .filter(|k| k.dst.server() == server)
-            .count();
+        let server = self
+            .hop_to(key.dst.server())
+            .ok_or_else(|| ControlError::NoRoute(format!("no peer server {}", key.dst.server())))?;
+        self.ask_through(Some(session), None, request, key, class, server)
+    }
+
+    /// Asks neighbour `server` to admit `key` (or carry it on), once the
+    /// tunnel of its class is open; `session` asked here, or the
+    /// neighbour `from` asked us to carry it on.
+    pub(super) fn ask_through(
+        &mut self,
+        session: Option<SessionId>,
+        from: Option<Ipv4Addr>,
+        request: RequestId,
+        key: ConnKey,
+        class: u8,
+        server: Ipv4Addr,
+    ) -> Result<(), ControlError> {
+        let waiting = self.pending.values().filter(|p| p.hop == server).count();
         let peer = self
             .peers
             .get_mut(&server)
@@ -117,6 +131,8 @@ impl Control {
                 class,
                 started: self.now,
                 stage,
+                hop: server,
+                from,
             },
         );
         if matches!(stage, Stage::Verdict { .. }) {
@@ -141,7 +157,7 @@ impl Control {
             .filter_map(|k| {
                 let p = self.pending.get(k)?;
                 Some(Action::ToPeer {
-                    server: k.dst.server(),
+                    server: p.hop,
                     msg: PeerMsg::Connect {
                         conn: *k,
                         class: p.class,
@@ -177,7 +193,7 @@ impl Control {
             let Some(p) = self.pending.remove(&key) else {
                 continue;
             };
-            let server = key.dst.server();
+            let server = p.hop;
             if let Stage::Tunnel { .. } = p.stage {
                 self.answer(
                     p.request,
@@ -213,9 +229,10 @@ impl Control {
         key: ConnKey,
         verdict: Result<(), String>,
     ) {
-        let asked = self.pending.get(&key).is_some_and(|p| {
-            matches!(p.stage, Stage::Verdict { .. }) && key.dst.server() == server
-        });
+        let asked = self
+            .pending
+            .get(&key)
+            .is_some_and(|p| matches!(p.stage, Stage::Verdict { .. }) && p.hop == server);
         if !asked {
             if verdict.is_ok() {
                 // Too late, or never asked: the peer must not keep its end.
@@ -239,7 +256,11 @@ impl Control {
             self.sync(Then::nothing());
             return;
         }
-        if !self.sessions.contains_key(&p.session)
+        if let Some(from) = p.from {
+            self.carried_on(key, p, from, server);
+            return;
+        }
+        if !p.session.is_some_and(|s| self.sessions.contains_key(&s))
             || !self.resources.contains_key(&key.src.device())
         {
             self.actions.push_back(Action::ToPeer {
@@ -258,6 +279,7 @@ impl Control {
                 key,
                 class: p.class,
                 peer: Some(server),
+                transit: None,
                 since: self.now,
             },
         );
@@ -346,7 +368,7 @@ impl Control {
             }
         }
         if tell_peer {
-            if let Some(server) = conn.peer {
+            for server in conn.peer.into_iter().chain(conn.transit) {
                 self.actions.push_back(Action::ToPeer {
                     server,
                     msg: PeerMsg::Close { conn: key, status },

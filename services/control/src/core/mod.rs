@@ -61,6 +61,7 @@ mod connections;
 mod peers;
 mod picture;
 mod plane;
+mod transit;
 mod underlay;
 mod views;
 
@@ -117,8 +118,13 @@ pub struct Connection {
     pub key: ConnKey,
     /// Traffic class.
     pub class: u8,
-    /// The remote server, for cross-server connections.
+    /// The neighbour its traffic comes and goes through, for
+    /// cross-server connections (towards `src` when we are a transit
+    /// server for it).
     pub peer: Option<Ipv4Addr>,
+    /// When we are a transit server for it (neither end is ours): the
+    /// neighbour towards `dst`.
+    pub transit: Option<Ipv4Addr>,
     /// When it was set up.
     pub since: Duration,
 }
@@ -221,10 +227,16 @@ impl Stage {
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     request: RequestId,
-    session: SessionId,
+    /// The session that asked; none when a peer asked us to carry the
+    /// connection on (transit).
+    session: Option<SessionId>,
     class: u8,
     started: Duration,
     stage: Stage,
+    /// The neighbour asked: `dst`'s server, or the next hop towards it.
+    hop: Ipv4Addr,
+    /// Transit: the neighbour that asked us (whose request is answered).
+    from: Option<Ipv4Addr>,
 }
 
 /// What a port being attached is for.

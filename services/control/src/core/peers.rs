@@ -43,8 +43,26 @@ impl Control {
                 } else {
                     status
                 };
+                if self.pending.get(&conn).and_then(|p| p.from) == Some(server) {
+                    // The neighbour that asked us to carry it on gave up.
+                    self.give_up_carrying(conn);
+                    self.sync(Then::nothing());
+                    return;
+                }
                 if let Some(k) = self.canonical(conn) {
-                    if self.connections.get(&k).and_then(|c| c.peer) == Some(server) {
+                    let hops = self.connections.get(&k).map(|c| (c.peer, c.transit));
+                    if let Some((peer, transit)) = hops {
+                        if peer != Some(server) && transit != Some(server) {
+                            return;
+                        }
+                        // Carried on here: the other neighbour is told.
+                        if let (Some(p), Some(t)) = (peer, transit) {
+                            let other = if p == server { t } else { p };
+                            self.actions.push_back(Action::ToPeer {
+                                server: other,
+                                msg: PeerMsg::Close { conn: k, status },
+                            });
+                        }
                         self.drop_connection(k, status, false);
                         self.sync(Then::nothing());
                     }
@@ -69,7 +87,10 @@ impl Control {
         class: u8,
         request: RequestId,
     ) -> Result<(), ControlError> {
-        if key.src.server() != from || key.dst.server() != self.config.server {
+        if key.dst.server() != self.config.server {
+            return self.carry_on(from, key, class, request);
+        }
+        if self.hop_to(key.src.server()) != Some(from) {
             return Err(ControlError::Refused(
                 "connection does not join the two servers".into(),
             ));
@@ -123,6 +144,7 @@ impl Control {
                 key,
                 class,
                 peer: Some(from),
+                transit: None,
                 since: self.now,
             },
         );
@@ -161,16 +183,38 @@ impl Control {
         p.channel = false;
         p.next_beat = None;
         p.tunnels.clear();
-        let affected: Vec<ConnKey> = self
+        let affected: Vec<(ConnKey, Option<Ipv4Addr>)> = self
             .connections
             .values()
-            .filter(|c| c.peer == Some(server))
-            .map(|c| c.key)
+            .filter(|c| c.peer == Some(server) || c.transit == Some(server))
+            .map(|c| {
+                // Carried on here: the neighbour on the other side.
+                let other = match (c.peer, c.transit) {
+                    (Some(p), Some(t)) => Some(if p == server { t } else { p }),
+                    _ => None,
+                };
+                (c.key, other)
+            })
             .collect();
-        for c in affected {
+        for (c, other) in affected {
+            if let Some(other) = other {
+                self.actions.push_back(Action::ToPeer {
+                    server: other,
+                    msg: PeerMsg::Close { conn: c, status },
+                });
+            }
             self.drop_connection(c, status, false);
         }
         self.fail_pending(server, None);
+        let carried: Vec<ConnKey> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.from == Some(server))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in carried {
+            self.give_up_carrying(key);
+        }
     }
 
     /// Fails connections to `server` waiting for a verdict or a tunnel
@@ -179,7 +223,7 @@ impl Control {
         let failed: Vec<ConnKey> = self
             .pending
             .iter()
-            .filter(|(k, p)| k.dst.server() == server && class.is_none_or(|c| c == p.class))
+            .filter(|(_, p)| p.hop == server && class.is_none_or(|c| c == p.class))
             .map(|(k, _)| *k)
             .collect();
         for key in failed {
@@ -245,10 +289,7 @@ impl Control {
         let deadline = self.now + self.config.verdict_timeout;
         let mut ready = Vec::new();
         for (key, p) in self.pending.iter_mut() {
-            if key.dst.server() == server
-                && p.class == class
-                && matches!(p.stage, Stage::Tunnel { .. })
-            {
+            if p.hop == server && p.class == class && matches!(p.stage, Stage::Tunnel { .. }) {
                 p.stage = Stage::Verdict { deadline };
                 ready.push(*key);
             }

@@ -11,11 +11,23 @@ impl Control {
             .values()
             .map(|r| Route::exact(r.uid, r.port))
             .collect();
+        let tunnel0 = |s: &Ipv4Addr| {
+            self.peers
+                .get(s)
+                .filter(|p| p.alive())
+                .and_then(|p| p.tunnel(0))
+        };
+        // Neighbours through their tunnels; servers beyond them through
+        // the neighbour they are reached by.
         let servers: Vec<Route> = self
             .peers
-            .iter()
-            .filter(|(_, p)| p.alive())
-            .filter_map(|(s, p)| Some(Route::server(*s, p.tunnel(0)?)))
+            .keys()
+            .filter_map(|s| Some(Route::server(*s, tunnel0(s)?)))
+            .chain(self.config.remotes.iter().filter_map(|r| {
+                (!self.peers.contains_key(&r.server))
+                    .then_some(())
+                    .and_then(|()| Some(Route::server(r.server, tunnel0(&r.via)?)))
+            }))
             .collect();
         for r in self.resources.values() {
             let mut port = PortImage::default();
@@ -51,7 +63,10 @@ impl Control {
         }
         for t in self.inbound.values() {
             let mut port = PortImage::default();
-            for route in &local {
+            // Local resources, and the servers it may carry on to (only
+            // what the ACL lets in goes anywhere: connections installed
+            // here, and what the policy allows connectionless).
+            for route in local.iter().chain(&servers) {
                 port.route(*route);
             }
             port.rules.extend(self.connectionless.iter().copied());
@@ -66,7 +81,12 @@ impl Control {
                 }
             }
         }
-        let open = self.connections.values().map(|c| (c.key, c.class, c.peer));
+        // (connection, class, neighbour towards src or dst, neighbour
+        // towards dst when carried on here).
+        let open = self
+            .connections
+            .values()
+            .map(|c| (c.key, c.class, c.peer, c.transit));
         // A connection we ask a peer to admit is admitted here before the
         // peer is asked: once the peer admits it, its end may send at
         // once, and that traffic must find its way in (see `ask_peer`).
@@ -74,8 +94,11 @@ impl Control {
             .pending
             .iter()
             .filter(|(_, p)| matches!(p.stage, Stage::Verdict { .. }))
-            .map(|(k, p)| (*k, p.class, Some(k.dst.server())));
-        for (key, class, peer) in open.chain(asking) {
+            .map(|(k, p)| match p.from {
+                Some(from) => (*k, p.class, Some(from), Some(p.hop)),
+                None => (*k, p.class, Some(p.hop), None),
+            });
+        for (key, class, peer, transit) in open.chain(asking) {
             for end in [key.src, key.dst] {
                 if end.server() != self.config.server {
                     continue;
@@ -89,10 +112,22 @@ impl Control {
             let Some(server) = peer else {
                 continue;
             };
-            for t in self.inbound.values().filter(|t| t.from == server) {
+            for t in self
+                .inbound
+                .values()
+                .filter(|t| t.from == server || Some(t.from) == transit)
+            {
                 if let Some(port) = img.ports.get_mut(&t.port) {
                     port.allows.insert(key);
                 }
+            }
+            if let Some(next) = transit {
+                // Carried on: steered into the next hop's tunnel of its
+                // class (else it takes the server route, class 0).
+                if let Some(t) = self.peers.get(&next).and_then(|p| p.tunnel(class)) {
+                    img.translations.insert(key, t);
+                }
+                continue;
             }
             // A configured multi-hop route decides the path itself
             // (through its relay, then the server route); otherwise the

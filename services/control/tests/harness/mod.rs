@@ -424,6 +424,13 @@ impl Harness {
                     c.key
                 );
             }
+            if let Some(server) = c.transit {
+                assert!(
+                    peers.iter().any(|p| p.server == server && p.alive),
+                    "{:?} carried on to a dead peer",
+                    c.key
+                );
+            }
             if let Some(server) = c.peer {
                 assert!(
                     peers.iter().any(|p| p.server == server && p.alive),
@@ -437,6 +444,10 @@ impl Harness {
                 !conns.contains_key(k) && !conns.contains_key(&k.reversed()),
                 "{k:?} pending and open"
             );
+            if asking.contains(k) && k.src.server() != HERE {
+                // Carried on here (transit): no local end.
+                continue;
+            }
             if asking.contains(k) {
                 let r = core
                     .resource(k.src.device())
