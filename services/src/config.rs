@@ -49,6 +49,8 @@ struct RawConfig {
     #[serde(default)]
     routes: Vec<RawRoute>,
     #[serde(default)]
+    remotes: Vec<RawRemote>,
+    #[serde(default)]
     policy: RawPolicy,
     #[serde(default)]
     failure: RawFailure,
@@ -133,6 +135,13 @@ struct RawRoute {
     from: Spanned<String>,
     via: Spanned<String>,
     to: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRemote {
+    server: Spanned<String>,
+    via: Spanned<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -359,6 +368,9 @@ pub struct Config {
     pub peers: Vec<PeerConfig>,
     /// Multi-hop routes.
     pub routes: Vec<RouteConfig>,
+    /// Servers beyond a peer, reached through it (their traffic is
+    /// carried on by the peer's daemon).
+    pub remotes: Vec<uniplane_control::RemoteSpec>,
     /// Default access action.
     pub default_action: DefaultAction,
     /// Access rules, first match wins.
@@ -418,6 +430,7 @@ impl Config {
         check(self.devices != new.devices, "devices");
         check(self.peers != new.peers, "peers");
         check(self.routes != new.routes, "routes");
+        check(self.remotes != new.remotes, "remotes");
         check(
             (self.heartbeat, self.misses) != (new.heartbeat, new.misses),
             "failure",
@@ -671,6 +684,8 @@ impl Config {
             });
         }
 
+        let remotes = parse_remotes(&src, &raw.remotes, server, &mut peers)?;
+
         let default_action = match raw.policy.default.as_ref() {
             None => DefaultAction::AllowLocal,
             Some(d) => match d.get_ref().as_str() {
@@ -813,6 +828,7 @@ impl Config {
             devices,
             peers,
             routes,
+            remotes,
             default_action,
             rules,
             heartbeat: std::time::Duration::from_millis(heartbeat_ms),
@@ -846,6 +862,59 @@ impl Config {
 pub const KNOWN_STACKS: &[&str] = &[
     "mem", "shm", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk",
 ];
+
+/// The `[[remotes]]`: servers reached through a peer. A peer may carry
+/// what they send, so its default ingress sources grow by them.
+fn parse_remotes(
+    src: &Source<'_>,
+    raw: &[RawRemote],
+    me: Ipv4Addr,
+    peers: &mut [PeerConfig],
+) -> Result<Vec<uniplane_control::RemoteSpec>, ConfigError> {
+    let ip = |s: &Spanned<String>, field: &str| -> Result<Ipv4Addr, ConfigError> {
+        s.get_ref().parse().or_else(|_| {
+            src.invalid(
+                s.span(),
+                field,
+                format!("`{}` is not an IPv4 address", s.get_ref()),
+            )
+        })
+    };
+    let mut remotes: Vec<uniplane_control::RemoteSpec> = Vec::new();
+    for r in raw {
+        let server = ip(&r.server, "remotes.server")?;
+        let via = ip(&r.via, "remotes.via")?;
+        if server == me || peers.iter().any(|p| p.server == server) {
+            return src.invalid(
+                r.server.span(),
+                "remotes.server",
+                format!("{server} is this server or a peer: it is reached directly"),
+            );
+        }
+        if remotes.iter().any(|x| x.server == server) {
+            return src.invalid(
+                r.server.span(),
+                "remotes.server",
+                format!("{server} is listed twice"),
+            );
+        }
+        let Some(peer) = peers.iter_mut().find(|p| p.server == via) else {
+            return src.invalid(
+                r.via.span(),
+                "remotes.via",
+                format!("{via} is not a peer ([[peers]]): a remote server is reached through one"),
+            );
+        };
+        if !peer.ingress.sources_set {
+            peer.ingress.sources.push(UidPattern {
+                key: Uid::new(server, 0),
+                mask: 0xffff_ffff << 16,
+            });
+        }
+        remotes.push(uniplane_control::RemoteSpec { server, via });
+    }
+    Ok(remotes)
+}
 
 /// A `[[stacks]]` entry: the options only stacks on an interface take,
 /// and what each of those needs.

@@ -114,6 +114,8 @@ pub struct Sealer {
     key: Key,
     end: End,
     peer: Ipv4Addr,
+    /// Servers beyond the peer whose messages it carries on to us.
+    beyond: Vec<Ipv4Addr>,
     me: Uid,
     peer_daemon: Uid,
     next: u64,
@@ -129,12 +131,20 @@ impl Sealer {
             key,
             end,
             peer: peer_daemon.server(),
+            beyond: Vec::new(),
             me,
             peer_daemon,
             next: 0,
             arena: BytesMut::new(),
             window: ReplayWindow::default(),
         }
+    }
+
+    /// The same, for a peer that also carries on to us what the servers
+    /// `beyond` it send (a transit server): their sources are its too.
+    pub fn carrying(mut self, beyond: Vec<Ipv4Addr>) -> Sealer {
+        self.beyond = beyond;
+        self
     }
 
     fn tag(&self, from: End, body: &[u8]) -> [u8; TAG_LEN] {
@@ -185,7 +195,8 @@ impl Sealer {
         let inner = body.slice(8..body.len() - TAG_LEN);
         match Message::decode(&inner) {
             Ok((m, used)) if used == inner.len() => {
-                if m.header().src.server() != self.peer {
+                let src = m.header().src.server();
+                if src != self.peer && !self.beyond.contains(&src) {
                     return Err(Refused::ForeignSource);
                 }
                 Ok(m)
@@ -205,7 +216,8 @@ pub enum Refused {
     Replayed,
     /// The tag does not match: forged, altered or reflected.
     BadTag,
-    /// The message's source is not on the tunnel's other server.
+    /// The message's source is not on the tunnel's other server, nor on
+    /// a server reached through it.
     ForeignSource,
 }
 
@@ -278,6 +290,14 @@ mod tests {
             let f = a.seal(&msg(src, b"x")).unwrap();
             assert_eq!(b.open(f), Err(Refused::ForeignSource));
         }
+        // A peer that carries on what a server beyond it sends: those
+        // sources are its, and no others.
+        let (mut c, mut d) = pair();
+        d = d.carrying(vec!["10.0.0.9".parse().unwrap()]);
+        let f = c.seal(&msg("10.0.0.9:3", b"x")).unwrap();
+        assert!(d.open(f).is_ok());
+        let f = c.seal(&msg("10.0.0.8:3", b"x")).unwrap();
+        assert_eq!(d.open(f), Err(Refused::ForeignSource));
         // A bare message, as a process that is no peer would send.
         assert_eq!(b.open(msg("10.0.0.1:3", b"raw")), Err(Refused::Unsealed));
         // A wrong key.

@@ -588,3 +588,50 @@ fn stacks_on_an_interface_take_their_options_and_need_what_they_need() {
         assert!(err.contains(want), "{bad}: {err}");
     }
 }
+
+#[test]
+fn remotes_are_reached_through_a_peer_whose_sources_grow_by_them() {
+    let base = "[server]\nid = \"10.0.0.1\"\n[cluster]\nsecret = \"k\"\n\
+                [[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\n";
+    let c = Config::parse(
+        &format!("{base}[[remotes]]\nserver = \"10.0.0.3\"\nvia = \"10.0.0.2\"\n"),
+        "a.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.remotes,
+        [uniplane_control::RemoteSpec {
+            server: "10.0.0.3".parse().unwrap(),
+            via: "10.0.0.2".parse().unwrap()
+        }]
+    );
+    let sources = &c.peers[0].ingress.sources;
+    assert!(sources
+        .iter()
+        .any(|p| p.matches("10.0.0.3:7".parse().unwrap())));
+    assert!(!sources
+        .iter()
+        .any(|p| p.matches("10.0.0.4:7".parse().unwrap())));
+    // Sources the file gives are kept as they are.
+    let given = Config::parse(
+        &format!("{base}sources = [\"10.0.0.2:*\"]\n[[remotes]]\nserver = \"10.0.0.3\"\nvia = \"10.0.0.2\"\n"),
+        "a.toml",
+    )
+    .unwrap();
+    assert_eq!(given.peers[0].ingress.sources.len(), 1);
+    for (bad, want) in [
+        ("[[remotes]]\nserver = \"10.0.0.3\"\nvia = \"10.0.0.9\"\n", "is not a peer"),
+        ("[[remotes]]\nserver = \"10.0.0.2\"\nvia = \"10.0.0.2\"\n", "reached directly"),
+        ("[[remotes]]\nserver = \"10.0.0.1\"\nvia = \"10.0.0.2\"\n", "reached directly"),
+        (
+            "[[remotes]]\nserver = \"10.0.0.3\"\nvia = \"10.0.0.2\"\n[[remotes]]\nserver = \"10.0.0.3\"\nvia = \"10.0.0.2\"\n",
+            "listed twice",
+        ),
+        ("[[remotes]]\nserver = \"ten\"\nvia = \"10.0.0.2\"\n", "not an IPv4 address"),
+    ] {
+        let err = Config::parse(&format!("{base}{bad}"), "a.toml")
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+}

@@ -144,9 +144,11 @@ pub struct IngressRules {
     pub types: Option<Vec<ReqType>>,
     /// Largest message, header and payload, in bytes.
     pub max_message: usize,
-    /// Resources whose messages it may carry: its own by default; more
-    /// when it is a transit server for others.
+    /// Resources whose messages it may carry: its own by default, and
+    /// those of the servers reached through it (`[[remotes]]`).
     pub sources: Vec<UidPattern>,
+    /// Whether the file gave `sources` (then nothing is added to them).
+    pub sources_set: bool,
 }
 
 pub(super) fn parse(
@@ -263,6 +265,7 @@ pub(super) fn ingress(
     Ok(IngressRules {
         classes,
         types,
+        sources_set: raw.sources.is_some(),
         max_message: src.number_or(
             raw.max_message,
             MAX_MESSAGE.max as usize,

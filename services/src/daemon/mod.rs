@@ -463,5 +463,6 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
         verdict_timeout: Duration::from_secs(2),
         limits: config.limits,
         classes: config.underlay.classes.iter().map(|c| c.id).collect(),
+        remotes: config.remotes.clone(),
     }
 }

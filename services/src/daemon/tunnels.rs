@@ -146,12 +146,24 @@ async fn accept(
     if !good {
         return Err(refuse("did not prove the cluster secret"));
     }
-    let sealer = Sealer::new(hs.session_key(), End::Acceptor, shared.uid(), opener);
+    let sealer = Sealer::new(hs.session_key(), End::Acceptor, shared.uid(), opener)
+        .carrying(beyond(shared, from));
     Ok((
         from,
         class,
         Box::new(SealedLink::new(link, sealer, shared.clone())),
     ))
+}
+
+/// The servers reached through `peer` (whose messages it carries on).
+fn beyond(shared: &Shared, peer: Ipv4Addr) -> Vec<Ipv4Addr> {
+    shared
+        .config
+        .remotes
+        .iter()
+        .filter(|r| r.via == peer)
+        .map(|r| r.server)
+        .collect()
 }
 
 /// The handshake of the tunnel of `class` from `opener` to `acceptor`.
@@ -259,7 +271,8 @@ pub(super) async fn open(
     let (link, key) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_)
         .await
         .map_err(|_| "tunnel handshake timed out".to_string())??;
-    let sealer = Sealer::new(key, End::Opener, shared.uid(), acceptor);
+    let sealer =
+        Sealer::new(key, End::Opener, shared.uid(), acceptor).carrying(beyond(shared, server));
     Ok(Box::new(SealedLink::new(link, sealer, shared.clone())))
 }
 

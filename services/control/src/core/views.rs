@@ -108,6 +108,22 @@ impl Control {
                 }
             }
         }
+        for remote in &self.config.remotes {
+            let Some(p) = self.peers.get(&remote.via).filter(|p| p.alive()) else {
+                continue;
+            };
+            rows.push(RouteRow {
+                from: "*".into(),
+                to: format!("{}:*", remote.server),
+                via: format!(
+                    "server {} (tunnel port {})",
+                    remote.via,
+                    p.tunnel(0).unwrap_or(0)
+                ),
+                stack: p.spec.stack.clone(),
+                hops: 2,
+            });
+        }
         for route in &self.config.routes {
             rows.push(RouteRow {
                 from: route.from.clone(),
