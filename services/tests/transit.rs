@@ -133,8 +133,8 @@ async fn a_server_carries_connections_between_its_neighbours_and_reports_the_far
     let ports = [0, 1, 2].map(|_| (free_port(), free_port()));
     let dirs: Vec<PathBuf> = (0..3).map(|i| base.join(format!("d{i}"))).collect();
     let mut daemons = Vec::new();
-    for i in 0..3 {
-        daemons.push(start(i, &ports, &secret, &dirs[i]).await);
+    for (i, dir) in dirs.iter().enumerate() {
+        daemons.push(start(i, &ports, &secret, dir).await);
     }
     until("B sees both neighbours", async || {
         alive_peers(&dirs[1]).await == 2
