@@ -693,8 +693,7 @@ fn routes<'r>(
                 "routes.via",
                 format!(
                     "the relay is on server `{}`, the route starts on `{}`: a server sends \
-                     through its own relay devices only (the daemons carry no traffic for \
-                     another server yet)",
+                     through its own relay devices only",
                     known[relay_server].name(),
                     known[server].name()
                 ),
@@ -711,37 +710,18 @@ fn routes<'r>(
                 ),
             );
         }
-        let linked = links
-            .iter()
-            .any(|l| (l.a, l.b) == (server, to) || (l.a, l.b) == (to, server));
-        if !linked {
-            let before = paths(known.len(), links, server);
-            let message = match before[to] {
-                None => format!(
+        // A server not linked to the route's own is reached through the
+        // servers on a link path, which carry its traffic on.
+        if paths(known.len(), links, server)[to].is_none() {
+            return src.invalid(
+                r.to.span(),
+                "routes.to",
+                format!(
                     "server `{}` is unreachable from `{}`: no link path joins them",
                     known[to].name(),
                     known[server].name()
                 ),
-                Some(_) => {
-                    let mut path = vec![to];
-                    while let Some(&s) = path.last() {
-                        match before[s] {
-                            Some(p) if p != s => path.push(p),
-                            _ => break,
-                        }
-                    }
-                    let path: Vec<&str> = path.iter().rev().map(|&s| known[s].name()).collect();
-                    format!(
-                        "server `{}` is unreachable from `{}`: they are not linked, and the \
-                         path {} needs a server to carry another's traffic, which the daemons \
-                         do not do yet; link them",
-                        known[to].name(),
-                        known[server].name(),
-                        path.join(" – ")
-                    )
-                }
-            };
-            return src.invalid(r.to.span(), "routes.to", message);
+            );
         }
         routes.push(ResolvedRoute {
             raw: r,

@@ -7,7 +7,8 @@
 //! `[limits]`) blanked, so those keep their line and column, and then
 //! the server's own tables — `[server]`, `[runtime]`, `[engine]`,
 //! `[[stacks]]`, `[[devices]]`, a `[[peers]]` per link, its
-//! `[[routes]]`, `[cluster] secret` — one value per line (an array's
+//! `[[routes]]`, a `[[remotes]]` per server reached only through
+//! another, `[cluster] secret` — one value per line (an array's
 //! elements one per line too). Each added line remembers the place and
 //! the field of the cluster file it came from: an error that
 //! [`Config::parse`] reports on an added line is moved there.
@@ -126,6 +127,30 @@ pub(super) fn config(
         if let Some(rules) = accepts {
             w.ingress(rules, accepts_field);
         }
+    }
+    // Servers not linked to this one but reached over links: through the
+    // first server on a shortest path, which carries their traffic on.
+    let before = super::paths(known.len(), links, me);
+    for (far, _) in known.iter().enumerate() {
+        let linked = links
+            .iter()
+            .any(|l| (l.a, l.b) == (me, far) || (l.a, l.b) == (far, me));
+        if far == me || linked || before[far].is_none() {
+            continue;
+        }
+        let mut hop = far;
+        while let Some(prev) = before[hop].filter(|&p| p != me) {
+            hop = prev;
+        }
+        let at = known[far].raw.id.span().start;
+        w.line("[[remotes]]", at, "links");
+        w.string_at("server", &known[far].id.to_string(), at, "servers.id");
+        w.string_at(
+            "via",
+            &known[hop].id.to_string(),
+            known[hop].raw.id.span().start,
+            "servers.id",
+        );
     }
     for r in routes.iter().filter(|r| r.server == me) {
         w.line("[[routes]]", r.raw.from.span().start, "routes");

@@ -286,18 +286,28 @@ fn a_route_with_no_link_path_to_its_destination_is_refused() {
 }
 
 #[test]
-fn a_route_through_a_server_in_between_is_refused_as_unreachable() {
+fn a_server_beyond_a_link_is_reached_through_the_server_in_between() {
     let text = base_with("to = \"beta\"", "to = \"gamma\"") + GAMMA;
-    let (line, _, field, message) = refused(&text);
-    assert_eq!(line, line_of(&text, "to = \"gamma\"", 1));
-    assert_eq!(field, "routes.to");
-    assert!(
-        message.starts_with(
-            "server `gamma` is unreachable from `alpha`: they are not linked, and the path \
-             alpha – beta – gamma needs a server to carry another's traffic"
-        ),
-        "{message}"
+    let c = Cluster::parse(&text, "c.toml").unwrap();
+    let id = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
+    let alpha = c.config_for(id("10.9.0.1")).unwrap();
+    assert_eq!(
+        alpha.remotes,
+        [uniplane_control::RemoteSpec {
+            server: id("10.9.0.3"),
+            via: id("10.9.0.2")
+        }]
     );
+    // Beta's tunnels carry gamma's sources to alpha.
+    let from_beta = &alpha.peers[0].ingress.sources;
+    assert!(from_beta
+        .iter()
+        .any(|p| p.matches("10.9.0.3:1".parse().unwrap())));
+    let gamma = c.config_for(id("10.9.0.3")).unwrap();
+    assert_eq!(gamma.remotes[0].server, id("10.9.0.1"));
+    let beta = c.config_for(id("10.9.0.2")).unwrap();
+    assert!(beta.remotes.is_empty(), "beta is linked to both");
+    assert_eq!(alpha.routes[0].to, "10.9.0.3:*".parse().unwrap());
 }
 
 #[test]
