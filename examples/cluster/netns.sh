@@ -1,7 +1,7 @@
 #!/bin/sh
 # Network namespaces for the cluster examples: one per server, each with
-# the address of its server ID (10.77.0.N/24) on a veth joined to a
-# bridge in a hub namespace. As root:
+# the address of its server ID (10.77.0.N/24) and the MAC 02:77:00:00:00:0N
+# on a veth `eth0` joined to a bridge in a hub namespace. As root:
 #
 #   examples/cluster/netns.sh up 3      # namespaces uc-s1 … uc-s3
 #   ip netns exec uc-s1 uniplaned --cluster examples/cluster/three-servers.toml &
@@ -20,6 +20,7 @@ up)
         ip link add eth0 netns "uc-s$i" type veth peer name "s$i" netns uc-hub
         ip -n uc-hub link set "s$i" master br0
         ip -n uc-hub link set "s$i" up
+        ip -n "uc-s$i" link set eth0 address "02:77:00:00:00:0$i"
         ip -n "uc-s$i" addr add "10.77.0.$i/24" dev eth0
         ip -n "uc-s$i" link set eth0 up
         ip -n "uc-s$i" link set lo up

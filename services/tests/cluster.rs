@@ -372,7 +372,9 @@ fn the_three_server_example_runs_in_namespaces_each_daemon_finding_its_server() 
     let mut servers = Vec::new();
     for i in 1..=3 {
         let ns = uniplane_netns::Namespace::new().expect("server namespace");
-        let (inner, outer) = (format!("e{tag}s{i}"), format!("c{tag}s{i}"));
+        // As examples/cluster/netns.sh makes them: `eth0` with the MAC
+        // the file names for the ether stacks.
+        let (inner, outer) = ("eth0".to_string(), format!("c{tag}s{i}"));
         let out = Command::new("ip")
             .args(["link", "add", &inner, "netns", ns.name(), "type", "veth"])
             .args(["peer", "name", &outer, "netns", hub.name()])
@@ -381,6 +383,14 @@ fn the_three_server_example_runs_in_namespaces_each_daemon_finding_its_server() 
         assert!(out.status.success(), "{out:?}");
         hub.ip(&["link", "set", &outer, "master", "br0"]).unwrap();
         hub.ip(&["link", "set", &outer, "up"]).unwrap();
+        ns.ip(&[
+            "link",
+            "set",
+            &inner,
+            "address",
+            &format!("02:77:00:00:00:0{i}"),
+        ])
+        .unwrap();
         ns.ip(&["addr", "add", &format!("10.77.0.{i}/24"), "dev", &inner])
             .unwrap();
         ns.ip(&["link", "set", &inner, "up"]).unwrap();
@@ -444,9 +454,40 @@ fn the_three_server_example_runs_in_namespaces_each_daemon_finding_its_server() 
         "{relay}"
     );
     // alpha and gamma are not linked: beta carries alpha's connection to
-    // gamma on, from one tunnel to the next.
+    // gamma on, from its LTL tunnel to its Ethernet one.
     let out = ping("alpha", "10.77.0.3:1/7");
     assert!(out.status.success(), "alpha → gamma through beta: {out:?}");
+
+    // Gamma's link cut: beta finds gamma gone, and alpha cannot reach it;
+    // restored: beta finds gamma again, and alpha reaches it through beta.
+    let gamma_alive = |want: bool| {
+        let start = Instant::now();
+        loop {
+            let out = uniplane_at(&runtime("beta"), &["--json", "status"]);
+            let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            let alive = status["peers"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|x| x["server"] == "10.77.0.3" && x["alive"] == true)
+            });
+            if alive == want {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "beta does not find gamma {}",
+                if want { "back" } else { "gone" }
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    servers[2].ip(&["link", "set", "eth0", "down"]).unwrap();
+    gamma_alive(false);
+    let out = ping("alpha", "10.77.0.3:1/7");
+    assert!(!out.status.success(), "gamma is cut off: {out:?}");
+    servers[2].ip(&["link", "set", "eth0", "up"]).unwrap();
+    gamma_alive(true);
+    let out = ping("alpha", "10.77.0.3:1/7");
+    assert!(out.status.success(), "alpha → gamma again: {out:?}");
     drop(daemons);
     let _ = std::fs::remove_dir_all(&dir);
 }
