@@ -123,6 +123,8 @@ struct RawPeer {
     stack: Option<Spanned<String>>,
     tunnel: Option<Spanned<String>>,
     mac: Option<Spanned<String>>,
+    #[serde(default)]
+    pin: Vec<RawPin>,
     classes: Option<Vec<Spanned<i64>>>,
     types: Option<Vec<Spanned<String>>>,
     max_message: Option<Spanned<i64>>,
@@ -135,6 +137,15 @@ struct RawRoute {
     from: Spanned<String>,
     via: Spanned<String>,
     to: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPin {
+    class: Spanned<i64>,
+    stack: Spanned<String>,
+    tunnel: Option<Spanned<String>>,
+    mac: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -310,8 +321,35 @@ pub struct PeerConfig {
     pub tunnel: SocketAddr,
     /// Its MAC on our `ether`/`dpdk` stack's interface.
     pub mac: Option<[u8; 6]>,
+    /// Traffic classes whose tunnels take another stack than `stack`
+    /// (bulk over TCP, small messages over LTL, say).
+    pub pins: Vec<ClassPin>,
     /// What it may send us.
     pub ingress: IngressRules,
+}
+
+/// A traffic class pinned to a stack of its own towards one peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassPin {
+    /// The class.
+    pub class: u8,
+    /// The stack its tunnel uses.
+    pub stack: String,
+    /// Where the peer's tunnel listener for that stack is (stacks over
+    /// IP).
+    pub tunnel: SocketAddr,
+    /// The peer's MAC (stacks on Ethernet).
+    pub mac: Option<[u8; 6]>,
+}
+
+impl PeerConfig {
+    /// The stack, tunnel address and MAC of the tunnel of `class`.
+    pub fn tunnel_of(&self, class: u8) -> (&str, SocketAddr, Option<[u8; 6]>) {
+        match self.pins.iter().find(|p| p.class == class) {
+            Some(p) => (&p.stack, p.tunnel, p.mac),
+            None => (&self.stack, self.tunnel, self.mac),
+        }
+    }
 }
 
 /// A multi-hop route: traffic from `from` to `to` goes through `via`.
@@ -608,22 +646,7 @@ impl Config {
             };
             let tunnel = parse_addr(&src, p.tunnel.as_ref(), "peers.tunnel")?
                 .unwrap_or(SocketAddr::new(address.ip(), 7470));
-            let mac = match &p.mac {
-                None => None,
-                Some(m) => match m.get_ref().parse::<uniplane_frame::MacAddr>() {
-                    Ok(mac) => Some(mac.0),
-                    Err(_) => {
-                        return src.invalid(
-                            m.span(),
-                            "peers.mac",
-                            format!(
-                                "`{}` is not a MAC address such as 02:00:00:00:00:01",
-                                m.get_ref()
-                            ),
-                        )
-                    }
-                },
-            };
+            let mac = parse_mac(&src, p.mac.as_ref(), "peers.mac")?;
             let on_ethernet = matches!(stack.as_str(), "ether" | "dpdk");
             if on_ethernet && mac.is_none() {
                 return src.invalid(
@@ -632,12 +655,48 @@ impl Config {
                     format!("a peer over the `{stack}` stack needs its MAC (mac = \"02:…\")"),
                 );
             }
+            let mut pins: Vec<ClassPin> = Vec::new();
+            for pin in &p.pin {
+                let class: u8 = src.number(&pin.class, "peers.pin.class", underlay::CLASS_ID)?;
+                if underlay.class(class).is_none() || pins.iter().any(|x| x.class == class) {
+                    return src.invalid(
+                        pin.class.span(),
+                        "peers.pin.class",
+                        format!("class {class} is not defined in [[classes]], or pinned twice"),
+                    );
+                }
+                let stack = pin.stack.get_ref().clone();
+                if !KNOWN_STACKS.contains(&stack.as_str()) {
+                    return src.invalid(
+                        pin.stack.span(),
+                        "peers.pin.stack",
+                        format!("unknown stack `{stack}`"),
+                    );
+                }
+                let mac = parse_mac(&src, pin.mac.as_ref(), "peers.pin.mac")?;
+                if matches!(stack.as_str(), "ether" | "dpdk") && mac.is_none() {
+                    return src.invalid(
+                        pin.stack.span(),
+                        "peers.pin.mac",
+                        format!("a class over the `{stack}` stack needs the peer's MAC"),
+                    );
+                }
+                let tunnel =
+                    parse_addr(&src, pin.tunnel.as_ref(), "peers.pin.tunnel")?.unwrap_or(tunnel);
+                pins.push(ClassPin {
+                    class,
+                    stack,
+                    tunnel,
+                    mac,
+                });
+            }
             peers.push(PeerConfig {
                 server,
                 address,
                 stack,
                 tunnel,
                 mac,
+                pins,
                 ingress: underlay::ingress(
                     &src,
                     &underlay::RawIngress {
@@ -862,6 +921,28 @@ impl Config {
 pub const KNOWN_STACKS: &[&str] = &[
     "mem", "shm", "udp", "tcp", "ltl", "ether", "smoltcp", "dpdk",
 ];
+
+/// A MAC address, if given.
+fn parse_mac(
+    src: &Source<'_>,
+    value: Option<&Spanned<String>>,
+    field: &str,
+) -> Result<Option<[u8; 6]>, ConfigError> {
+    match value {
+        None => Ok(None),
+        Some(m) => match m.get_ref().parse::<uniplane_frame::MacAddr>() {
+            Ok(mac) => Ok(Some(mac.0)),
+            Err(_) => src.invalid(
+                m.span(),
+                field,
+                format!(
+                    "`{}` is not a MAC address such as 02:00:00:00:00:01",
+                    m.get_ref()
+                ),
+            ),
+        },
+    }
+}
 
 /// The `[[remotes]]`: servers reached through a peer. A peer may carry
 /// what they send, so its default ingress sources grow by them.

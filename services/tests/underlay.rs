@@ -279,3 +279,91 @@ async fn a_peer_over_a_stack_not_running_fails_the_start() {
     );
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A class pinned to another stack takes it: class 1 to B goes over LTL
+/// (to B's LTL listener, where a TCP tunnel could not connect) while
+/// class 0 stays on TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_class_pinned_to_another_stack_takes_it() {
+    let base = std::env::temp_dir().join(format!("uniplane-underlay-pin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let secret = base.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let (a, b) = ((free_port(), free_port()), (free_port(), free_port()));
+    let (a_ltl, b_ltl) = (free_port(), free_port());
+    let ltl = |me: u16, other: u16| {
+        format!(
+            "\n[[peers.pin]]\nclass = 1\nstack = \"ltl\"\ntunnel = \"127.0.0.1:{other}\"\n\n\
+             [[stacks]]\nname = \"ltl\"\nlisten = \"127.0.0.1:{me}\"\n"
+        )
+    };
+    let texts = [
+        config(A, a, B, b, &ltl(a_ltl, b_ltl), &secret),
+        config(B, b, A, a, &ltl(b_ltl, a_ltl), &secret),
+    ];
+    let mut daemons = Vec::new();
+    let mut dirs = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let dir = base.join(format!("d{i}"));
+        let (d, _client) = embedded(Config::parse(text, "pin").unwrap(), &dir)
+            .await
+            .unwrap();
+        daemons.push(d);
+        dirs.push(dir);
+    }
+    let p = Pair {
+        daemons,
+        dirs,
+        base,
+    };
+    for dir in &p.dirs {
+        until("the daemons peer", async || {
+            let s = request(dir, &Request::Status).await;
+            s["peers"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty() && p.iter().all(|x| x["alive"] == true))
+        })
+        .await;
+    }
+    let sa = Client::connect(&p.dirs[0])
+        .await
+        .unwrap()
+        .attach("caller")
+        .await
+        .unwrap();
+    let sb = Client::connect(&p.dirs[1])
+        .await
+        .unwrap()
+        .attach("listener")
+        .await
+        .unwrap();
+    let mut listener = sb.listen(7).await.unwrap();
+    let mut conn = sa
+        .connect_class(sb.uid().port(7), 1)
+        .await
+        .expect("class 1");
+    conn.send_bytes(Bytes::from_static(b"over ltl"))
+        .await
+        .unwrap();
+    let mut accepted = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("in time")
+        .expect("accepted");
+    let got = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+        .await
+        .expect("in time")
+        .expect("a message")
+        .expect("no error");
+    assert_eq!(got.payload().as_ref(), b"over ltl");
+    let status = request(&p.dirs[0], &Request::Status).await;
+    let tunnels = status["peers"][0]["tunnels"].as_array().unwrap().clone();
+    let stack_of = |class: u64| {
+        tunnels
+            .iter()
+            .find(|t| t["class"] == class)
+            .map(|t| t["stack"].clone())
+    };
+    assert_eq!(stack_of(0), Some("tcp".into()), "{tunnels:?}");
+    assert_eq!(stack_of(1), Some("ltl".into()), "{tunnels:?}");
+}

@@ -635,3 +635,37 @@ fn remotes_are_reached_through_a_peer_whose_sources_grow_by_them() {
         assert!(err.contains(want), "{bad}: {err}");
     }
 }
+
+#[test]
+fn a_class_may_be_pinned_to_another_stack_of_a_peer() {
+    let base = "[server]\nid = \"10.0.0.1\"\n[cluster]\nsecret = \"k\"\n\
+                [[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\nstack = \"ltl\"\ntunnel = \"127.0.0.1:7472\"\n";
+    let c = Config::parse(
+        &format!("{base}[[peers.pin]]\nclass = 1\nstack = \"tcp\"\ntunnel = \"127.0.0.1:7470\"\n"),
+        "a.toml",
+    )
+    .unwrap();
+    let p = &c.peers[0];
+    assert_eq!(
+        p.tunnel_of(0),
+        ("ltl", "127.0.0.1:7472".parse().unwrap(), None)
+    );
+    assert_eq!(
+        p.tunnel_of(1),
+        ("tcp", "127.0.0.1:7470".parse().unwrap(), None)
+    );
+    for (bad, want) in [
+        ("[[peers.pin]]\nclass = 9\nstack = \"tcp\"\n", "field `peers.pin.class`"),
+        (
+            "[[peers.pin]]\nclass = 1\nstack = \"tcp\"\n[[peers.pin]]\nclass = 1\nstack = \"udp\"\n",
+            "pinned twice",
+        ),
+        ("[[peers.pin]]\nclass = 1\nstack = \"pigeon\"\n", "unknown stack `pigeon`"),
+        ("[[peers.pin]]\nclass = 1\nstack = \"ether\"\n", "needs the peer's MAC"),
+    ] {
+        let err = Config::parse(&format!("{base}{bad}"), "a.toml")
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+}

@@ -252,15 +252,16 @@ impl Daemon {
             })?;
             stacks.push(stack);
         }
-        if let Some(p) = config
-            .peers
-            .iter()
-            .find(|p| !config.stacks.iter().any(|s| s.name == p.stack))
-        {
-            return Err(DaemonError::NoStack(format!(
-                "peer {} is reached over the `{}` stack, which [[stacks]] does not run",
-                p.server, p.stack
-            )));
+        for p in &config.peers {
+            let used = std::iter::once(&p.stack).chain(p.pins.iter().map(|x| &x.stack));
+            for stack in used {
+                if !config.stacks.iter().any(|s| &s.name == stack) {
+                    return Err(DaemonError::NoStack(format!(
+                        "peer {} is reached over the `{stack}` stack, which [[stacks]] does not run",
+                        p.server
+                    )));
+                }
+            }
         }
         let secret = config
             .secret
@@ -432,10 +433,14 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
                 server: p.server,
                 stack: p.stack.clone(),
                 classes: p.ingress.classes.clone(),
-                tunnel_mtu: stacks
-                    .iter()
-                    .find(|s| s.name() == p.stack)
-                    .map_or(Message::MAX_PAYLOAD, |s| tunnel_mtu(s.as_ref())),
+                // The smallest of its stacks' (a pinned class may take
+                // another).
+                tunnel_mtu: std::iter::once(&p.stack)
+                    .chain(p.pins.iter().map(|x| &x.stack))
+                    .filter_map(|name| stacks.iter().find(|s| s.name() == name))
+                    .map(|s| tunnel_mtu(s.as_ref()))
+                    .min()
+                    .unwrap_or(Message::MAX_PAYLOAD),
             })
             .collect(),
         routes: config

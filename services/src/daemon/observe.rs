@@ -36,9 +36,19 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
                 .into_iter()
                 .find(|(s, _)| *s == p.server)
                 .map(|(_, c)| underlay_json(&c));
+            let conf = shared.config.peers.iter().find(|c| c.server == p.server);
+            let tunnels: Vec<_> = p
+                .tunnels
+                .iter()
+                .map(|(class, port)| {
+                    let stack = conf.map(|c| c.tunnel_of(*class).0);
+                    json!({ "class": class, "port": port, "stack": stack })
+                })
+                .collect();
             json!({
                 "server": p.server.to_string(), "address": address,
                 "alive": p.alive, "failures": p.failures,
+                "tunnels": tunnels,
                 "underlay": underlay,
             })
         })

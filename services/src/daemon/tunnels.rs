@@ -211,17 +211,18 @@ pub(super) async fn open(
         .find(|p| p.server == server)
         .ok_or("unknown peer")?;
     let secret = shared.secret.as_ref().ok_or("no cluster secret")?;
+    let (stack_name, tunnel, mac) = peer.tunnel_of(class);
     let stack = shared
         .stacks
         .iter()
-        .find(|s| s.name() == peer.stack)
+        .find(|s| s.name() == stack_name)
         .cloned()
-        .ok_or(format!("stack {} not running", peer.stack))?;
+        .ok_or(format!("stack {stack_name} not running"))?;
     let acceptor = Uid::new(server, DAEMON_DEVICE);
     let handshake_ = async {
-        let to = match peer.mac {
+        let to = match mac {
             Some(mac) => Locator::Mac(mac),
-            None => Locator::Socket(peer.tunnel),
+            None => Locator::Socket(tunnel),
         };
         let mut link = stack.connect(&to).await.map_err(|e| e.to_string())?;
         let our_nonce = nonce();
