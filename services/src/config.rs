@@ -104,6 +104,9 @@ struct RawStack {
     interface: Option<Spanned<String>>,
     address: Option<Spanned<String>>,
     transport: Option<Spanned<String>>,
+    mtu: Option<Spanned<i64>>,
+    gso: Option<Spanned<bool>>,
+    io_uring: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]
@@ -1006,11 +1009,17 @@ fn stack_config(src: &Source<'_>, s: &RawStack) -> Result<StackConfig, ConfigErr
         ("stacks.interface", s.interface.as_ref().map(Spanned::span)),
         ("stacks.address", s.address.as_ref().map(Spanned::span)),
         ("stacks.transport", s.transport.as_ref().map(Spanned::span)),
+        ("stacks.mtu", s.mtu.as_ref().map(Spanned::span)),
+        ("stacks.gso", s.gso.as_ref().map(Spanned::span)),
+        ("stacks.io_uring", s.io_uring.as_ref().map(Spanned::span)),
     ];
     for (field, span) in misplaced {
         let Some(span) = span else { continue };
         let allowed = match field {
             "stacks.interface" => on_iface,
+            "stacks.mtu" => matches!(name.as_str(), "udp" | "ltl" | "ether" | "dpdk"),
+            "stacks.gso" => name == "udp",
+            "stacks.io_uring" => matches!(name.as_str(), "udp" | "ltl"),
             _ => name == "smoltcp",
         };
         if !allowed {
@@ -1091,6 +1100,13 @@ fn stack_config(src: &Source<'_>, s: &RawStack) -> Result<StackConfig, ConfigErr
             reliable: on_ethernet,
             address,
             datagrams,
+            mtu: s
+                .mtu
+                .as_ref()
+                .map(|m| src.number(m, "stacks.mtu", bounds::STACK_MTU))
+                .transpose()?,
+            gso: s.gso.as_ref().map(|g| *g.get_ref()),
+            io_uring: s.io_uring.as_ref().is_some_and(|u| *u.get_ref()),
         },
     })
 }

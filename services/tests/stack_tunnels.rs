@@ -271,3 +271,25 @@ async fn a_tunnel_stack_on_a_missing_interface_fails_the_start() {
     assert!(err.contains("ether") && err.contains("nosuch0"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_over_udp_on_io_uring_with_the_options_given() {
+    if !ready() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let addrs = [pair.addr_a, pair.addr_b];
+    round_trips_over(
+        "udp-io-uring",
+        "udp",
+        &pair,
+        |i| {
+            format!(
+                "name = \"udp\"\nlisten = \"{}:7470\"\nio_uring = true\ngso = false\nmtu = 1400",
+                addrs[i]
+            )
+        },
+        |i| format!("stack = \"udp\"\ntunnel = \"{}:7470\"", addrs[1 - i]),
+    )
+    .await;
+}

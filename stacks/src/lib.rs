@@ -56,17 +56,49 @@ pub struct StackOptions {
     pub address: Option<(std::net::Ipv4Addr, u8)>,
     /// `smoltcp`: UDP links instead of TCP.
     pub datagrams: bool,
+    /// `udp`, `ltl`: the largest datagram; `ether`, `dpdk`: the MTU.
+    pub mtu: Option<usize>,
+    /// `udp`: segmentation and receive offload (GSO/GRO); `None` keeps the
+    /// stack's default (on).
+    pub gso: Option<bool>,
+    /// `udp`, `ltl`: io_uring instead of epoll (opening a socket fails
+    /// where the kernel refuses io_uring).
+    pub io_uring: bool,
 }
 
 /// A new instance of the stack called `name` set up by `options`, or
 /// `None` for an unknown name.
 pub fn build(name: &str, options: &StackOptions) -> Option<Arc<dyn Stack>> {
-    let ether = || ether::EtherConfig {
-        interface: options.interface.clone(),
-        reliable: options.reliable,
-        ..ether::EtherConfig::default()
+    let ether = || {
+        let d = ether::EtherConfig::default();
+        ether::EtherConfig {
+            interface: options.interface.clone(),
+            reliable: options.reliable,
+            mtu_hint: options.mtu.unwrap_or(d.mtu_hint),
+            ..d
+        }
+    };
+    let udp = || {
+        let d = udp::UdpConfig::default();
+        let gso = options.gso.unwrap_or(d.gso);
+        udp::UdpConfig {
+            backend: if options.io_uring {
+                udp::Backend::IoUring
+            } else {
+                d.backend
+            },
+            max_datagram: options.mtu.unwrap_or(d.max_datagram),
+            gso,
+            gro: gso,
+            ..d
+        }
     };
     match name {
+        "udp" => Some(Arc::new(udp::UdpStack::with_config(udp()))),
+        "ltl" => Some(Arc::new(ltl::LtlStack::with_config(
+            ltl::LtlConfig::default(),
+            udp(),
+        ))),
         "ether" => Some(Arc::new(ether::EtherStack::with_config(ether()))),
         "smoltcp" => {
             let mut host = uniplane_smoltcp::HostConfig::default();

@@ -15,6 +15,7 @@
 //! | `devices.device` | 1..=65535 | a 16-bit device number; 0 is the daemon |
 //! | `devices.memory` | 0..=1073741824 | 1 GiB per device |
 //! | `failure.heartbeat_ms` | 1..=60000 | 1 minute |
+//! | `stacks.mtu` | 256..=65507 | the largest UDP datagram |
 //! | `failure.misses` | 1..=1000 | |
 //!
 //! The `[limits]` table's ranges are in [`super::limits::LIMIT_FIELDS`].
@@ -87,3 +88,6 @@ pub const DEVICE_MEMORY: Bounds = Bounds::new(0, 1 << 30).note("1 GiB");
 pub const HEARTBEAT_MS: Bounds = Bounds::new(1, 60_000).note("1 minute");
 /// `failure.misses`: silent heartbeat intervals that declare a peer failed.
 pub const MISSES: Bounds = Bounds::new(1, 1000);
+
+/// `stacks.mtu`: the largest datagram (`udp`, `ltl`) or frame (`ether`).
+pub const STACK_MTU: Bounds = Bounds::new(256, 65_507);

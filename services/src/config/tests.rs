@@ -555,6 +555,13 @@ fn stacks_on_an_interface_take_their_options_and_need_what_they_need() {
     );
     assert!(smol.options.datagrams);
     assert_eq!(c.peers[0].mac, Some([2, 0, 0, 0, 0, 2]));
+    let udp = Config::parse(
+        &format!("{base}[[stacks]]\nname = \"udp\"\nmtu = 8972\ngso = false\nio_uring = true\n"),
+        "a.toml",
+    )
+    .unwrap();
+    let o = &udp.stacks[0].options;
+    assert_eq!((o.mtu, o.gso, o.io_uring), (Some(8972), Some(false), true));
 
     for (bad, want) in [
         ("[[stacks]]\nname = \"ether\"\n", "runs on an interface"),
@@ -572,6 +579,9 @@ fn stacks_on_an_interface_take_their_options_and_need_what_they_need() {
             "expected \"tcp\" or \"udp\"",
         ),
         ("[[stacks]]\nname = \"tcp\"\ninterface = \"e\"\n", "takes no such option"),
+        ("[[stacks]]\nname = \"tcp\"\nmtu = 1400\n", "takes no such option"),
+        ("[[stacks]]\nname = \"ltl\"\ngso = false\n", "takes no such option"),
+        ("[[stacks]]\nname = \"udp\"\nmtu = 100\n", "field `stacks.mtu`"),
         ("[[stacks]]\nname = \"ether\"\ninterface = \"e\"\naddress = \"1.2.3.4/8\"\n", "takes no such option"),
         (
             "[[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\nstack = \"ether\"\n",
