@@ -3,6 +3,8 @@
 //! Needs root and iproute2: skipped without them unless
 //! UNIPLANE_REQUIRE_TOOLS=1.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uniplane_frame::eth::{write_header, EthernetFrame, MacAddr, HEADER_LEN};
@@ -12,9 +14,9 @@ use uniplane_netns::Pair;
 
 const ETHERTYPE: u16 = 0x88b5;
 
-/// Receives frames of `ETHERTYPE` until `want` arrived or 10 s passed;
-/// returns (index, length) of each.
-fn receive(dev: &mut PacketDevice, want: usize) -> Vec<(u32, usize)> {
+/// Receives frames of `ETHERTYPE` until `want` arrived or 10 s passed,
+/// counting them in `progress`; returns (index, length) of each.
+fn receive(dev: &mut PacketDevice, want: usize, progress: &AtomicUsize) -> Vec<(u32, usize)> {
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while got.len() < want && Instant::now() < deadline {
@@ -31,6 +33,7 @@ fn receive(dev: &mut PacketDevice, want: usize) -> Vec<(u32, usize)> {
         }) {
             got.push(v);
         }
+        progress.store(got.len(), Ordering::Release);
     }
     got
 }
@@ -80,13 +83,15 @@ fn frames_cross_a_veth_through_both_rings_in_order_with_jumbo_sizes() {
     };
     let (ib, cb) = (pair.iface_b.clone(), cfg.clone());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let received = Arc::new(AtomicUsize::new(0));
+    let progress = received.clone();
     let receiver = pair
         .b
         .spawn(move || {
             let mut dev = PacketDevice::open(&ib, &cb).unwrap();
             assert_eq!(dev.mtu(), 9000);
             ready_tx.send(dev.mac()).unwrap();
-            let got = receive(&mut dev, n as usize);
+            let got = receive(&mut dev, n as usize, &progress);
             (got, dev.stats())
         })
         .unwrap();
@@ -96,10 +101,17 @@ fn frames_cross_a_veth_through_both_rings_in_order_with_jumbo_sizes() {
         .a
         .run(move || {
             let mut dev = PacketDevice::open(&ia, &cfg).unwrap();
-            // Paced: the receiver's ring holds 8 MiB.
+            // One chunk of 1000 frames (about 4.5 MB) in flight at a time:
+            // the receiver's ring holds 8 MiB, and a receiver that loses
+            // the CPU for a while must not lose frames to the kernel.
+            let deadline = Instant::now() + Duration::from_secs(20);
             for chunk in 0..(n / 1000) {
+                while received.load(Ordering::Acquire) < (chunk * 1000) as usize
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
                 send(&mut dev, dst, 1000, |i| len(chunk * 1000 + i));
-                std::thread::sleep(Duration::from_millis(6));
             }
             dev.stats()
         })
@@ -148,7 +160,7 @@ fn a_source_filter_keeps_other_senders_out() {
             };
             let mut all = PacketDevice::open(&ib, &cfg_all).unwrap();
             ready_tx.send(dev.mac()).unwrap();
-            let seen = receive(&mut all, 10);
+            let seen = receive(&mut all, 10, &AtomicUsize::new(0));
             let (rx, _) = dev.queues();
             (seen.len(), rx.refill().unwrap())
         })
