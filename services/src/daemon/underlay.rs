@@ -219,6 +219,8 @@ struct Underlay {
     /// Counts not yet published.
     passed: u64,
     dropped: [u64; 4],
+    sent: u64,
+    sent_bytes: u64,
 }
 
 impl Underlay {
@@ -248,6 +250,8 @@ impl Underlay {
             scratch: Vec::with_capacity(OUT_BATCH),
             passed: 0,
             dropped: [0; 4],
+            sent: 0,
+            sent_bytes: 0,
         })
     }
 
@@ -444,10 +448,8 @@ impl Underlay {
                 break;
             };
             moved = true;
-            self.counters.sent.fetch_add(1, Relaxed);
-            self.counters
-                .sent_bytes
-                .fetch_add(m.encoded_len() as u64, Relaxed);
+            self.sent += 1;
+            self.sent_bytes += m.encoded_len() as u64;
             match self.tunnels.get_mut(by_slot[slot]) {
                 Some(t) => t.out.queue().push_back(m),
                 // Only a tunnel's own messages are in its queue, and its
@@ -549,6 +551,11 @@ impl Underlay {
     /// Publishes the counts of the last round.
     fn publish(&mut self) {
         let c = &self.counters;
+        if self.sent > 0 {
+            c.sent.fetch_add(std::mem::take(&mut self.sent), Relaxed);
+            c.sent_bytes
+                .fetch_add(std::mem::take(&mut self.sent_bytes), Relaxed);
+        }
         if self.passed > 0 {
             c.passed
                 .fetch_add(std::mem::take(&mut self.passed), Relaxed);
