@@ -1156,11 +1156,29 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
         interval_ms: a.interval_ms,
     };
     let r = run_share(&opts)?;
+    share_phases(a, &r.results, &r.series)?;
+    println!(
+        "max_share_error {:.3}, jain_min {:.3}, utilization_min {:.3}, settle_ms_max {}",
+        r.results["max_share_error"].as_f64().unwrap_or(0.0),
+        r.results["jain_min"].as_f64().unwrap_or(0.0),
+        r.results["utilization_min"].as_f64().unwrap_or(0.0),
+        r.results["settle_ms_max"],
+    );
+    let params = json!({ "weights": a.weights, "phase_ms": a.phase_ms, "gbps": gbps, "interval_ms": a.interval_ms, "through": "mux" });
+    emit(cli.json, &Report::new("share", params, r.results))
+}
+
+/// Draws the figure when asked, and prints each phase of a `share` run.
+fn share_phases(
+    a: &ShareArgs,
+    results: &Value,
+    series: &[(f64, [f64; 3])],
+) -> Result<(), BenchError> {
     if let Some(path) = &a.plot {
-        uniplane_bench::share::plot(path, &r.series)?;
+        uniplane_bench::share::plot(path, series)?;
         println!("  plot: {}", path.display());
     }
-    for p in r.results["phases"].as_array().into_iter().flatten() {
+    for p in results["phases"].as_array().into_iter().flatten() {
         println!(
             "phase {}: target {} achieved {} error {:.3} utilization {:.3} settled after {} ms",
             p["phase"],
@@ -1171,15 +1189,7 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
             p["settle_ms"],
         );
     }
-    println!(
-        "max_share_error {:.3}, jain_min {:.3}, utilization_min {:.3}, settle_ms_max {}",
-        r.results["max_share_error"].as_f64().unwrap_or(0.0),
-        r.results["jain_min"].as_f64().unwrap_or(0.0),
-        r.results["utilization_min"].as_f64().unwrap_or(0.0),
-        r.results["settle_ms_max"],
-    );
-    let params = json!({ "weights": a.weights, "phase_ms": a.phase_ms, "gbps": gbps, "interval_ms": a.interval_ms, "through": "mux" });
-    emit(cli.json, &Report::new("share", params, r.results))
+    Ok(())
 }
 
 fn share_through_daemons(cli: &Cli, a: &ShareArgs, weights: Vec<u32>) -> Result<(), BenchError> {
@@ -1198,21 +1208,7 @@ fn share_through_daemons(cli: &Cli, a: &ShareArgs, weights: Vec<u32>) -> Result<
         uniplaned: a.uniplaned.clone(),
     };
     let r = run_share_through_daemons(&opts)?;
-    if let Some(path) = &a.plot {
-        uniplane_bench::share::plot(path, &r.series)?;
-        println!("  plot: {}", path.display());
-    }
-    for p in r.results["phases"].as_array().into_iter().flatten() {
-        println!(
-            "phase {}: target {} achieved {} error {:.3} utilization {:.3} settled after {} ms",
-            p["phase"],
-            p["target"],
-            p["achieved"],
-            p["share_error"].as_f64().unwrap_or(0.0),
-            p["utilization"].as_f64().unwrap_or(0.0),
-            p["settle_ms"],
-        );
-    }
+    share_phases(a, &r.results, &r.series)?;
     println!(
         "through daemons over {}: max_share_error {:.3}, utilization {:.3}, settle_ms {:.1} after the live change (its requests took {:.1} ms)",
         a.tunnel,

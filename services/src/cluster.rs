@@ -229,44 +229,17 @@ struct RawRoute {
 }
 
 /// The cluster file's text and name, for errors.
-struct Text<'a> {
-    file: &'a str,
-    text: &'a str,
+struct Text<'a>(crate::config::Source<'a>);
+
+impl<'a> std::ops::Deref for Text<'a> {
+    type Target = crate::config::Source<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Text<'_> {
-    /// 1-based line and column of `offset`.
-    fn position(&self, offset: usize) -> (usize, usize) {
-        let before = &self.text[..offset.min(self.text.len())];
-        let line = before.matches('\n').count() + 1;
-        let column = before
-            .rfind('\n')
-            .map_or(before.len(), |i| before.len() - i - 1)
-            + 1;
-        (line, column)
-    }
-
-    fn place(&self, span: &Range<usize>) -> String {
-        let (line, column) = self.position(span.start);
-        format!("{}:{line}:{column}", self.file)
-    }
-
-    fn invalid<T>(
-        &self,
-        span: Range<usize>,
-        field: &str,
-        message: impl Into<String>,
-    ) -> Result<T, ConfigError> {
-        let (line, column) = self.position(span.start);
-        Err(ConfigError::Invalid {
-            file: self.file.to_owned(),
-            line,
-            column,
-            field: field.to_owned(),
-            message: message.into(),
-        })
-    }
-
     fn conflict<T>(
         &self,
         span: Range<usize>,
@@ -281,7 +254,7 @@ impl Text<'_> {
             column,
             field: field.to_owned(),
             message: message.into(),
-            other: format!("`{}` at {}", first.0, self.place(first.1)),
+            other: format!("`{}` at {}", first.0, self.place(first.1.clone())),
         })
     }
 }
@@ -339,16 +312,8 @@ impl Cluster {
     /// Validates cluster text, every server's part included; `file`
     /// names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Cluster, ConfigError> {
-        let src = Text { file, text };
-        let raw: RawCluster = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map_or((1, 1), |s| src.position(s.start));
-            ConfigError::Syntax {
-                file: file.to_owned(),
-                line,
-                column,
-                message: e.message().to_owned(),
-            }
-        })?;
+        let src = Text(crate::config::Source { file, text });
+        let raw: RawCluster = src.toml()?;
         let known = servers(&src, &raw.servers)?;
         let links = links(&src, &raw.links, &known)?;
         let routes = routes(&src, &raw.routes, &known, &links)?;

@@ -24,7 +24,7 @@ mod unique;
 pub use underlay::{ClassConfig, IngressRules, Scheduling, UnderlayConfig, MAX_CLASSES};
 
 pub use error::ConfigError;
-use error::Source;
+pub(crate) use error::Source;
 
 /// The embedded default configuration (`uniplaned` with no arguments).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
@@ -519,15 +519,7 @@ impl Config {
     /// Validates configuration text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
         let src = Source { file, text };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map_or((1, 1), |s| src.position(s.start));
-            ConfigError::Syntax {
-                file: file.to_owned(),
-                line,
-                column,
-                message: e.message().to_owned(),
-            }
-        })?;
+        let raw: RawConfig = src.toml()?;
 
         let server = match &raw.server.id {
             Some(id) => match id.get_ref().parse::<Ipv4Addr>() {

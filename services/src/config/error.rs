@@ -84,13 +84,28 @@ pub enum ConfigError {
 
 /// Where a value came from, for error messages.
 #[derive(Clone, Debug)]
-pub(super) struct Source<'a> {
-    pub(super) file: &'a str,
-    pub(super) text: &'a str,
+pub(crate) struct Source<'a> {
+    pub(crate) file: &'a str,
+    pub(crate) text: &'a str,
 }
 
 impl Source<'_> {
-    pub(super) fn position(&self, offset: usize) -> (usize, usize) {
+    /// The text as TOML of shape `T`; a syntax error with its line and
+    /// column.
+    pub(crate) fn toml<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        toml::from_str(self.text).map_err(|e| {
+            let (line, column) = e.span().map_or((1, 1), |s| self.position(s.start));
+            ConfigError::Syntax {
+                file: self.file.to_owned(),
+                line,
+                column,
+                message: e.message().to_owned(),
+            }
+        })
+    }
+
+    /// 1-based line and column of `offset`.
+    pub(crate) fn position(&self, offset: usize) -> (usize, usize) {
         let before = &self.text[..offset.min(self.text.len())];
         let line = before.matches('\n').count() + 1;
         let column = before
@@ -100,7 +115,7 @@ impl Source<'_> {
         (line, column)
     }
 
-    pub(super) fn invalid<T>(
+    pub(crate) fn invalid<T>(
         &self,
         span: Range<usize>,
         field: &str,
@@ -152,7 +167,7 @@ impl Source<'_> {
     }
 
     /// `span`'s place as `file:line:column`.
-    pub(super) fn place(&self, span: Range<usize>) -> String {
+    pub(crate) fn place(&self, span: Range<usize>) -> String {
         let (line, column) = self.position(span.start);
         format!("{}:{line}:{column}", self.file)
     }
