@@ -247,15 +247,8 @@ impl Text<'_> {
         message: impl Into<String>,
         first: (&str, &Range<usize>),
     ) -> Result<T, ConfigError> {
-        let (line, column) = self.position(span.start);
-        Err(ConfigError::Conflict {
-            file: self.file.to_owned(),
-            line,
-            column,
-            field: field.to_owned(),
-            message: message.into(),
-            other: format!("`{}` at {}", first.0, self.place(first.1.clone())),
-        })
+        let other = format!("`{}` at {}", first.0, self.place(first.1.clone()));
+        self.0.conflict(span, field, message.into(), other)
     }
 }
 

@@ -173,7 +173,7 @@ impl Source<'_> {
     }
 
     /// A [`ConfigError::Conflict`] at `span`.
-    pub(super) fn conflict<T>(
+    pub(crate) fn conflict<T>(
         &self,
         span: Range<usize>,
         field: &str,
