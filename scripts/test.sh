@@ -83,6 +83,9 @@ echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepage
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
 cargo test -p uniplane-dpdk --features dpdk
+echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
+cargo clippy -p uniplane-services --features dpdk --all-targets -- -D warnings
+cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
 echo "==> the Debian package: build it, unpack it, run what it installs"
 deb=$(scripts/package.sh | tail -n 1)
 pkgroot=$(mktemp -d)

@@ -107,6 +107,7 @@ struct RawStack {
     mtu: Option<Spanned<i64>>,
     gso: Option<Spanned<bool>>,
     io_uring: Option<Spanned<bool>>,
+    eal: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -1004,6 +1005,7 @@ fn stack_config(src: &Source<'_>, s: &RawStack) -> Result<StackConfig, ConfigErr
         ("stacks.mtu", s.mtu.as_ref().map(Spanned::span)),
         ("stacks.gso", s.gso.as_ref().map(Spanned::span)),
         ("stacks.io_uring", s.io_uring.as_ref().map(Spanned::span)),
+        ("stacks.eal", s.eal.as_ref().map(Spanned::span)),
     ];
     for (field, span) in misplaced {
         let Some(span) = span else { continue };
@@ -1012,6 +1014,7 @@ fn stack_config(src: &Source<'_>, s: &RawStack) -> Result<StackConfig, ConfigErr
             "stacks.mtu" => matches!(name.as_str(), "udp" | "ltl" | "ether" | "dpdk"),
             "stacks.gso" => name == "udp",
             "stacks.io_uring" => matches!(name.as_str(), "udp" | "ltl"),
+            "stacks.eal" => name == "dpdk",
             _ => name == "smoltcp",
         };
         if !allowed {
@@ -1099,6 +1102,11 @@ fn stack_config(src: &Source<'_>, s: &RawStack) -> Result<StackConfig, ConfigErr
                 .transpose()?,
             gso: s.gso.as_ref().map(|g| *g.get_ref()),
             io_uring: s.io_uring.as_ref().is_some_and(|u| *u.get_ref()),
+            eal: s
+                .eal
+                .as_ref()
+                .map(|e| e.get_ref().clone())
+                .unwrap_or_default(),
         },
     })
 }

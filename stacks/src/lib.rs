@@ -64,6 +64,36 @@ pub struct StackOptions {
     /// `udp`, `ltl`: io_uring instead of epoll (opening a socket fails
     /// where the kernel refuses io_uring).
     pub io_uring: bool,
+    /// `dpdk`: the EAL's arguments, the vdevs among them; empty: one
+    /// `net_af_packet` vdev on the kernel interface `interface`, no
+    /// hugepages, one lcore.
+    pub eal: Vec<String>,
+}
+
+/// The DPDK port the `dpdk` stack set up by `options` uses, and the EAL
+/// arguments it starts with.
+pub fn dpdk_port(options: &StackOptions) -> (String, Vec<String>) {
+    if !options.eal.is_empty() {
+        return (
+            options.interface.clone().unwrap_or_default(),
+            options.eal.clone(),
+        );
+    }
+    let iface = options.interface.clone().unwrap_or_default();
+    let args = [
+        "--no-huge".to_string(),
+        "-m".into(),
+        "512".into(),
+        "--no-pci".into(),
+        "--no-shconf".into(),
+        "--no-telemetry".into(),
+        format!("--file-prefix=uniplane-{}", std::process::id()),
+        "-l".into(),
+        "0".into(),
+        "--log-level=lib.eal:error".into(),
+        format!("--vdev=net_af_packet0,iface={iface}"),
+    ];
+    ("net_af_packet0".into(), args.to_vec())
 }
 
 /// A new instance of the stack called `name` set up by `options`, or
@@ -119,11 +149,56 @@ pub fn build(name: &str, options: &StackOptions) -> Option<Arc<dyn Stack>> {
             )))
         }
         #[cfg(feature = "dpdk")]
-        "dpdk" => Some(Arc::new(ether::EtherStack::with_opener(
-            ether(),
-            uniplane_dpdk::DpdkOpener::default(),
-        ))),
+        "dpdk" => {
+            let (port, eal_args) = dpdk_port(options);
+            Some(Arc::new(Renamed(
+                "dpdk",
+                ether::EtherStack::with_opener(
+                    ether::EtherConfig {
+                        interface: Some(port),
+                        ..ether()
+                    },
+                    uniplane_dpdk::DpdkOpener {
+                        eal_args,
+                        config: uniplane_dpdk::DpdkConfig {
+                            pool_mbufs: 2047,
+                            ..uniplane_dpdk::DpdkConfig::default()
+                        },
+                    },
+                ),
+            )))
+        }
         other => by_name(other),
+    }
+}
+
+/// A stack under another name: `dpdk` is the `ether` stack on DPDK ports,
+/// and a configuration finds it by the name it gave.
+#[cfg(feature = "dpdk")]
+struct Renamed<S>(&'static str, S);
+
+#[cfg(feature = "dpdk")]
+impl<S: Stack> Stack for Renamed<S> {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    fn capabilities(&self) -> uniplane_dataplane::Capabilities {
+        self.1.capabilities()
+    }
+
+    fn connect(
+        &self,
+        peer: &uniplane_dataplane::Locator,
+    ) -> uniplane_dataplane::StackFuture<'_, uniplane_dataplane::BoxLink> {
+        self.1.connect(peer)
+    }
+
+    fn listen(
+        &self,
+        local: &uniplane_dataplane::Locator,
+    ) -> uniplane_dataplane::StackFuture<'_, uniplane_dataplane::BoxListener> {
+        self.1.listen(local)
     }
 }
 

@@ -562,6 +562,21 @@ fn stacks_on_an_interface_take_their_options_and_need_what_they_need() {
     .unwrap();
     let o = &udp.stacks[0].options;
     assert_eq!((o.mtu, o.gso, o.io_uring), (Some(8972), Some(false), true));
+    // A DPDK port: a net_af_packet vdev on the interface unless the EAL's
+    // arguments are given (then the interface names the DPDK port).
+    let dpdk = |extra: &str| {
+        let c = Config::parse(
+            &format!("{base}[[stacks]]\nname = \"dpdk\"\ninterface = \"veth0\"\n{extra}"),
+            "a.toml",
+        )
+        .unwrap();
+        uniplane_stacks::dpdk_port(&c.stacks[0].options)
+    };
+    let (port, args) = dpdk("");
+    assert_eq!(port, "net_af_packet0");
+    assert!(args.contains(&"--vdev=net_af_packet0,iface=veth0".to_string()));
+    let (port, args) = dpdk("eal = [\"--vdev=net_pcap0,iface=veth0\"]\n");
+    assert_eq!((port.as_str(), args.len()), ("veth0", 1));
 
     for (bad, want) in [
         ("[[stacks]]\nname = \"ether\"\n", "runs on an interface"),
@@ -582,6 +597,7 @@ fn stacks_on_an_interface_take_their_options_and_need_what_they_need() {
         ("[[stacks]]\nname = \"tcp\"\nmtu = 1400\n", "takes no such option"),
         ("[[stacks]]\nname = \"ltl\"\ngso = false\n", "takes no such option"),
         ("[[stacks]]\nname = \"udp\"\nmtu = 100\n", "field `stacks.mtu`"),
+        ("[[stacks]]\nname = \"udp\"\neal = [\"-l\", \"0\"]\n", "takes no such option"),
         ("[[stacks]]\nname = \"ether\"\ninterface = \"e\"\naddress = \"1.2.3.4/8\"\n", "takes no such option"),
         (
             "[[peers]]\nserver = \"10.0.0.2\"\naddress = \"127.0.0.1:7460\"\nstack = \"ether\"\n",

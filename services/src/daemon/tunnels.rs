@@ -25,6 +25,10 @@ pub(super) async fn listen_stacks(shared: &std::sync::Arc<Shared>) -> Result<(),
         // A stack on Ethernet listens on its interface; one over IP on
         // its address, when it has one.
         let at = match (&sc.options.interface, sc.listen) {
+            // A DPDK port has a name of its own (its vdev's).
+            (Some(_), _) if sc.name == "dpdk" => {
+                Locator::Name(uniplane_stacks::dpdk_port(&sc.options).0)
+            }
             (Some(iface), _) if sc.on_ethernet() => Locator::Name(iface.clone()),
             (_, Some(addr)) => Locator::Socket(addr),
             _ => continue,
