@@ -208,6 +208,17 @@ struct RawLink {
     a_accepts: Option<RawIngress>,
     /// What `b` takes from `a`.
     b_accepts: Option<RawIngress>,
+    /// Classes whose tunnels take another stack, both ways.
+    #[serde(default)]
+    pin: Vec<RawPin>,
+}
+
+/// A class of a link pinned to a stack both its ends run.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPin {
+    class: Spanned<i64>,
+    stack: Spanned<String>,
 }
 
 /// A peer's ingress rules, as `[[peers]]` of a server's file has them.
@@ -500,66 +511,74 @@ fn links<'r>(
             .stack
             .as_ref()
             .map_or_else(|| "tcp".to_owned(), |s| s.get_ref().clone());
+        // The link's stack, and each stack a class of it is pinned to:
+        // both ends run it, where the other can reach it.
         let at = l.stack.as_ref().map_or(l.a.span(), |s| s.span());
-        for end in [a, b] {
-            let server = &known[end];
-            let Some(s) = server.stack(&stack) else {
-                let runs: Vec<&str> = server
-                    .raw
-                    .stacks
-                    .iter()
-                    .map(|s| s.name.get_ref().as_str())
-                    .collect();
-                return src.invalid(
-                    at,
-                    "links.stack",
-                    format!(
-                        "server `{}` runs no `{stack}` stack (its [[servers.stacks]]: {})",
-                        server.name(),
-                        if runs.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            runs.join(", ")
-                        }
-                    ),
-                );
-            };
-            if matches!(stack.as_str(), "ether" | "dpdk") {
-                if s.mac.is_none() {
+        let pinned = l
+            .pin
+            .iter()
+            .map(|p| (p.stack.get_ref().clone(), p.stack.span()));
+        for (stack, at) in std::iter::once((stack.clone(), at)).chain(pinned) {
+            for end in [a, b] {
+                let server = &known[end];
+                let Some(s) = server.stack(&stack) else {
+                    let runs: Vec<&str> = server
+                        .raw
+                        .stacks
+                        .iter()
+                        .map(|s| s.name.get_ref().as_str())
+                        .collect();
+                    return src.invalid(
+                        at,
+                        "links.stack",
+                        format!(
+                            "server `{}` runs no `{stack}` stack (its [[servers.stacks]]: {})",
+                            server.name(),
+                            if runs.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                runs.join(", ")
+                            }
+                        ),
+                    );
+                };
+                if matches!(stack.as_str(), "ether" | "dpdk") {
+                    if s.mac.is_none() {
+                        return src.invalid(
+                            s.name.span(),
+                            "servers.stacks.mac",
+                            format!(
+                                "server `{}`'s `{stack}` stack carries a link: give its MAC on \
+                                 the interface (mac = \"02:…\") for its peer's tunnels",
+                                server.name()
+                            ),
+                        );
+                    }
+                    continue;
+                }
+                let Some(listen) = &s.listen else {
                     return src.invalid(
                         s.name.span(),
-                        "servers.stacks.mac",
+                        "servers.stacks.listen",
                         format!(
-                            "server `{}`'s `{stack}` stack carries a link: give its MAC on \
-                             the interface (mac = \"02:…\") for its peer's tunnels",
+                            "server `{}`'s `{stack}` stack carries a link but has no `listen` \
+                             address for its peer's tunnels",
                             server.name()
                         ),
                     );
-                }
-                continue;
-            }
-            let Some(listen) = &s.listen else {
-                return src.invalid(
-                    s.name.span(),
-                    "servers.stacks.listen",
-                    format!(
-                        "server `{}`'s `{stack}` stack carries a link but has no `listen` \
-                         address for its peer's tunnels",
-                        server.name()
-                    ),
-                );
-            };
-            if let Ok(addr) = listen.get_ref().parse::<SocketAddr>() {
-                if addr.ip().is_unspecified() || addr.port() == 0 {
-                    return src.invalid(
-                        listen.span(),
-                        "servers.stacks.listen",
-                        format!(
-                            "{addr}: this stack carries a link, so its peer connects here; \
-                             it needs an address and a port the peer can reach \
-                             (not 0.0.0.0, not port 0)"
-                        ),
-                    );
+                };
+                if let Ok(addr) = listen.get_ref().parse::<SocketAddr>() {
+                    if addr.ip().is_unspecified() || addr.port() == 0 {
+                        return src.invalid(
+                            listen.span(),
+                            "servers.stacks.listen",
+                            format!(
+                                "{addr}: this stack carries a link, so its peer connects here; \
+                                 it needs an address and a port the peer can reach \
+                                 (not 0.0.0.0, not port 0)"
+                            ),
+                        );
+                    }
                 }
             }
         }

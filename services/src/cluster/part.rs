@@ -127,6 +127,18 @@ pub(super) fn config(
         if let Some(rules) = accepts {
             w.ingress(rules, accepts_field);
         }
+        for pin in &l.raw.pin {
+            w.line("[[peers.pin]]", pin.class.span().start, "links.pin");
+            w.int("class", &pin.class, "links.pin.class");
+            w.string("stack", &pin.stack, "links.pin.stack");
+            let theirs = peer.stack(pin.stack.get_ref());
+            if let Some(listen) = theirs.and_then(|st| st.listen.as_ref()) {
+                w.string("tunnel", listen, "servers.stacks.listen");
+            }
+            if let Some(mac) = theirs.and_then(|st| st.mac.as_ref()) {
+                w.string("mac", mac, "servers.stacks.mac");
+            }
+        }
     }
     // Servers not linked to this one but reached over links: through the
     // first server on a shortest path, which carries their traffic on.

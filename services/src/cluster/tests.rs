@@ -585,3 +585,41 @@ fn a_link_over_ethernet_gives_each_end_the_others_mac_and_its_interface() {
         .to_string();
     assert!(err.contains("give its MAC"), "{err}");
 }
+
+#[test]
+fn a_class_of_a_link_pinned_to_another_stack_takes_it_at_both_ends() {
+    let ltl = |port: u16| {
+        format!("\n\n[[servers.stacks]]\nname = \"ltl\"\nlisten = \"127.0.0.1:{port}\"")
+    };
+    let text = BASE
+        .replace(
+            "name = \"tcp\"\nlisten = \"127.0.0.1:17470\"",
+            &format!("name = \"tcp\"\nlisten = \"127.0.0.1:17470\"{}", ltl(17480)),
+        )
+        .replace(
+            "name = \"tcp\"\nlisten = \"127.0.0.1:17471\"",
+            &format!("name = \"tcp\"\nlisten = \"127.0.0.1:17471\"{}", ltl(17481)),
+        )
+        .replace(
+            "b = \"beta\"\nstack = \"tcp\"",
+            "b = \"beta\"\nstack = \"tcp\"\n\n[[links.pin]]\nclass = 1\nstack = \"ltl\"",
+        );
+    let c = Cluster::parse(&text, "c.toml").unwrap();
+    let alpha = c.config_for("10.9.0.1".parse().unwrap()).unwrap();
+    let beta = c.config_for("10.9.0.2".parse().unwrap()).unwrap();
+    assert_eq!(
+        alpha.peers[0].tunnel_of(1),
+        ("ltl", "127.0.0.1:17481".parse().unwrap(), None)
+    );
+    assert_eq!(
+        beta.peers[0].tunnel_of(1),
+        ("ltl", "127.0.0.1:17480".parse().unwrap(), None)
+    );
+    assert_eq!(alpha.peers[0].tunnel_of(0).0, "tcp");
+    // A pinned stack one end does not run is refused at the pin.
+    let one_sided = text.replacen(&ltl(17481), "", 1);
+    let (line, _, field, message) = refused(&one_sided);
+    assert_eq!(line, line_of(&one_sided, "stack = \"ltl\"", 1));
+    assert_eq!(field, "links.stack");
+    assert!(message.contains("runs no `ltl` stack"), "{message}");
+}
