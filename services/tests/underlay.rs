@@ -85,6 +85,17 @@ impl Drop for Pair {
 
 /// A and B peered; B lets A send at most 512-byte messages, class 0 only.
 async fn pair(tag: &str) -> Pair {
+    pair_with(
+        tag,
+        |_, _| String::new(),
+        "max_message = 512\nclasses = [0]",
+    )
+    .await
+}
+
+/// A and B peered; each peer section gets `more(mine, theirs)` (given
+/// two spare ports), and B's also `b_rules`.
+async fn pair_with(tag: &str, more: impl Fn(u16, u16) -> String, b_rules: &str) -> Pair {
     let base = std::env::temp_dir().join(format!("uniplane-underlay-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
@@ -92,9 +103,17 @@ async fn pair(tag: &str) -> Pair {
     uniplane_services::auth::Key::generate(&secret).unwrap();
     let a = (free_port(), free_port());
     let b = (free_port(), free_port());
+    let (a_more, b_more) = (free_port(), free_port());
     let texts = [
-        config(A, a, B, b, "", &secret),
-        config(B, b, A, a, "max_message = 512\nclasses = [0]", &secret),
+        config(A, a, B, b, &more(a_more, b_more), &secret),
+        config(
+            B,
+            b,
+            A,
+            a,
+            &format!("{b_rules}\n{}", more(b_more, a_more)),
+            &secret,
+        ),
     ];
     let mut daemons = Vec::new();
     let mut dirs = Vec::new();
@@ -285,47 +304,13 @@ async fn a_peer_over_a_stack_not_running_fails_the_start() {
 /// class 0 stays on TCP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_class_pinned_to_another_stack_takes_it() {
-    let base = std::env::temp_dir().join(format!("uniplane-underlay-pin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).unwrap();
-    let secret = base.join("cluster.key");
-    uniplane_services::auth::Key::generate(&secret).unwrap();
-    let (a, b) = ((free_port(), free_port()), (free_port(), free_port()));
-    let (a_ltl, b_ltl) = (free_port(), free_port());
     let ltl = |me: u16, other: u16| {
         format!(
             "\n[[peers.pin]]\nclass = 1\nstack = \"ltl\"\ntunnel = \"127.0.0.1:{other}\"\n\n\
              [[stacks]]\nname = \"ltl\"\nlisten = \"127.0.0.1:{me}\"\n"
         )
     };
-    let texts = [
-        config(A, a, B, b, &ltl(a_ltl, b_ltl), &secret),
-        config(B, b, A, a, &ltl(b_ltl, a_ltl), &secret),
-    ];
-    let mut daemons = Vec::new();
-    let mut dirs = Vec::new();
-    for (i, text) in texts.iter().enumerate() {
-        let dir = base.join(format!("d{i}"));
-        let (d, _client) = embedded(Config::parse(text, "pin").unwrap(), &dir)
-            .await
-            .unwrap();
-        daemons.push(d);
-        dirs.push(dir);
-    }
-    let p = Pair {
-        daemons,
-        dirs,
-        base,
-    };
-    for dir in &p.dirs {
-        until("the daemons peer", async || {
-            let s = request(dir, &Request::Status).await;
-            s["peers"]
-                .as_array()
-                .is_some_and(|p| !p.is_empty() && p.iter().all(|x| x["alive"] == true))
-        })
-        .await;
-    }
+    let p = pair_with("pin", ltl, "").await;
     let sa = Client::connect(&p.dirs[0])
         .await
         .unwrap()

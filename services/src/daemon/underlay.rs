@@ -438,23 +438,28 @@ impl Underlay {
     /// Takes from the multiplexer what the scheduler and the shaper let
     /// go, into the tunnels' outgoing batches.
     fn dequeue(&mut self, now: u64) -> bool {
-        let mut moved = false;
+        // Until one tunnel's batch is full: its link must take it first.
+        if self.tunnels.iter().any(|t| t.out.owed() >= OUT_BATCH) {
+            return false;
+        }
         let mut by_slot = [usize::MAX; SLOTS];
         for (i, t) in self.tunnels.iter().enumerate() {
             by_slot[t.slot] = i;
         }
-        while self.tunnels.iter().all(|t| t.out.owed() < OUT_BATCH) {
-            let Some((slot, m)) = self.mux.dequeue_tagged(now) else {
-                break;
-            };
+        let mut moved = false;
+        while let Some((slot, m)) = self.mux.dequeue_tagged(now) {
             moved = true;
             self.sent += 1;
             self.sent_bytes += m.encoded_len() as u64;
-            match self.tunnels.get_mut(by_slot[slot]) {
-                Some(t) => t.out.queue().push_back(m),
-                // Only a tunnel's own messages are in its queue, and its
-                // queue is emptied when it goes.
-                None => tracing::error!(slot, "underlay: a message for no tunnel"),
+            // Only a tunnel's own messages are in its queue, and its queue
+            // is emptied when it goes.
+            let Some(t) = self.tunnels.get_mut(by_slot[slot]) else {
+                tracing::error!(slot, "underlay: a message for no tunnel");
+                continue;
+            };
+            t.out.queue().push_back(m);
+            if t.out.owed() >= OUT_BATCH {
+                break;
             }
         }
         moved
