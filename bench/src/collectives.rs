@@ -243,19 +243,10 @@ fn start_daemons(binary: &Path, cfg: &CollConfig) -> Result<Vec<DaemonProcess>, 
         WaitMode::Busy => "busy-poll",
         WaitMode::Park => "spin-then-park",
     };
-    let free = |udp: bool| -> Result<u16, BenchError> {
-        let a = if udp {
-            std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-        } else {
-            std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-        };
-        a.map(|a| a.port())
-            .map_err(|e| BenchError::Config(format!("a free port: {e}")))
-    };
-    let udp = cfg.stack == "ltl";
+    let free = || crate::stacks::free_port().map(|a| a.port());
     let ends = [
-        ("10.20.0.1", free(false)?, free(udp)?),
-        ("10.20.0.2", free(false)?, free(udp)?),
+        ("10.20.0.1", free()?, free()?),
+        ("10.20.0.2", free()?, free()?),
     ];
     let base = scratch_dir("collectives-key")?;
     let secret = base.join("cluster.key");

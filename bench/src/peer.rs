@@ -313,7 +313,7 @@ fn locate(
 
 /// A TCP and UDP port on 127.0.0.1 that was free a moment ago.
 fn free_port(tool: &'static str) -> Result<u16, PeerError> {
-    crate::stacks::free_tcp_port()
+    crate::stacks::free_port()
         .map(|a| a.port())
         .map_err(|e| PeerError::BadOutput {
             tool,

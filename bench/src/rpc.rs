@@ -24,7 +24,6 @@
 //! on loopback, with a cluster secret, for the others.
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -43,6 +42,7 @@ use uniplane_rpc::{Call, ClientOptions, Reply, ServerCall, ServerOptions, Status
 
 use crate::hist::LatencyHistogram;
 use crate::path::sibling_binary;
+use crate::stacks::free_port;
 use crate::BenchError;
 
 /// What carries the calls on the uniplane side.
@@ -174,15 +174,6 @@ impl Drop for Daemon {
     }
 }
 
-fn free_port(udp: bool) -> Result<u16, BenchError> {
-    let port = if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-    };
-    port.map(|a| a.port()).map_err(cfg_err)
-}
-
 fn engine(wait: RpcWait) -> &'static str {
     match wait {
         RpcWait::Busy => "busy-poll",
@@ -217,11 +208,9 @@ fn daemons(cfg: &RpcConfig, binary: &Path, base: &Path) -> Result<Vec<Daemon>, B
             .map_err(cfg_err)?;
         writeln!(f, "{hex}").map_err(cfg_err)?;
     }
-    let udp = cfg.stack == RpcStack::Ltl;
-    let addr = |p| SocketAddr::from(([127, 0, 0, 1], p));
     let ends = [
-        ("10.20.0.1", addr(free_port(false)?), addr(free_port(udp)?)),
-        ("10.20.0.2", addr(free_port(false)?), addr(free_port(udp)?)),
+        ("10.20.0.1", free_port()?, free_port()?),
+        ("10.20.0.2", free_port()?, free_port()?),
     ];
     let stack = cfg.stack.name();
     let mut out = Vec::new();

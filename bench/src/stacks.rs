@@ -5,7 +5,7 @@
 //! message per datagram (the way iperf3 and sockperf send), where plain
 //! `udp` packs many small messages into each datagram.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -72,8 +72,7 @@ pub fn default_endpoints(stack_name: &str) -> Result<Endpoints, BenchError> {
             std::process::id(),
             RUN.fetch_add(1, Ordering::Relaxed)
         )),
-        "udp" | "udp-unpacked" | "ltl" => Locator::Socket(free_udp_port()?),
-        "tcp" => Locator::Socket(free_tcp_port()?),
+        "udp" | "udp-unpacked" | "ltl" | "tcp" => Locator::Socket(free_port()?),
         other => return Err(BenchError::NeedsLocator(other.to_owned())),
     };
     Ok(Endpoints {
@@ -82,18 +81,12 @@ pub fn default_endpoints(stack_name: &str) -> Result<Endpoints, BenchError> {
     })
 }
 
-/// A UDP port on 127.0.0.1 that was free a moment ago.
-pub fn free_udp_port() -> Result<SocketAddr, BenchError> {
-    let s =
-        UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
-    Ok(s.local_addr().map_err(uniplane_dataplane::StackError::Io)?)
-}
-
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_tcp_port() -> Result<SocketAddr, BenchError> {
-    let s =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(uniplane_dataplane::StackError::Io)?;
-    Ok(s.local_addr().map_err(uniplane_dataplane::StackError::Io)?)
+/// A port of 127.0.0.1, free for TCP and UDP a moment ago, below the
+/// kernel's ephemeral range (so no outgoing connection of the run takes
+/// it before its listener binds), never given twice in one process.
+pub fn free_port() -> Result<SocketAddr, BenchError> {
+    let port = uniplane_netns::try_free_port().map_err(uniplane_dataplane::StackError::Io)?;
+    Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
 }
 
 #[cfg(test)]

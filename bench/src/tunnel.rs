@@ -26,7 +26,7 @@
 //! the two reference measurements run, on drop also when a step fails.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,7 +47,7 @@ use crate::path::{
     client_err, runtime, scratch_dir, session, sibling_binary, DaemonProcess, WaitMode,
 };
 use crate::sizes::SizeMix;
-use crate::stacks::{default_endpoints, open_stack};
+use crate::stacks::{default_endpoints, free_port, open_stack};
 use crate::BenchError;
 
 /// The server ID of the sending side's daemon.
@@ -97,11 +97,6 @@ impl TunnelStack {
     /// The stack called `name`.
     pub fn by_name(name: &str) -> Option<TunnelStack> {
         TunnelStack::ALL.into_iter().find(|s| s.name() == name)
-    }
-
-    /// Whether its listener is a UDP socket (else TCP).
-    fn over_udp(self) -> bool {
-        !matches!(self, TunnelStack::Tcp)
     }
 }
 
@@ -369,7 +364,7 @@ impl DaemonPair {
         let dir = ScratchDir(scratch_dir("tunnel")?);
         let secret = dir.0.join("cluster.key");
         Key::generate(&secret).map_err(|e| BenchError::Config(e.to_string()))?;
-        let [pa, pb, ta, tb] = free_ports(stack)?;
+        let [pa, pb, ta, tb] = free_ports()?;
         let a = Listens {
             server: SERVER_A,
             peer: pa,
@@ -455,34 +450,10 @@ fn all_alive(peers: &Value) -> bool {
         .is_some_and(|p| !p.is_empty() && p.iter().all(|x| x["alive"] == true))
 }
 
-/// Four loopback ports free a moment ago, all held until all are chosen
-/// so that none repeats: two TCP ports for the peer channels, then two
-/// for the tunnel listeners (UDP or TCP, as the stack listens).
-fn free_ports(stack: TunnelStack) -> Result<[SocketAddr; 4], BenchError> {
-    let io = |e| BenchError::Stack(uniplane_dataplane::StackError::Io(e));
-    let tcp = || {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io)?;
-        let a = l.local_addr().map_err(io)?;
-        Ok::<_, BenchError>((a, Held::Tcp(l)))
-    };
-    let udp = || {
-        let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io)?;
-        let a = s.local_addr().map_err(io)?;
-        Ok::<_, BenchError>((a, Held::Udp(s)))
-    };
-    let tunnel = || if stack.over_udp() { udp() } else { tcp() };
-    let (pa, _ha) = tcp()?;
-    let (pb, _hb) = tcp()?;
-    let (ta, _hc) = tunnel()?;
-    let (tb, _hd) = tunnel()?;
-    Ok([pa, pb, ta, tb])
-}
-
-/// A socket held open so its port stays taken.
-#[allow(dead_code)] // held for its drop only
-enum Held {
-    Tcp(TcpListener),
-    Udp(UdpSocket),
+/// Four loopback ports (see [`free_port`]): two for the peer channels,
+/// then two for the tunnel listeners.
+fn free_ports() -> Result<[SocketAddr; 4], BenchError> {
+    Ok([free_port()?, free_port()?, free_port()?, free_port()?])
 }
 
 /// The configuration of the daemon `me`, the peer of `other` over `stack`.

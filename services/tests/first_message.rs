@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use uniplane_netns::free_port;
 use uniplane_services::client::{embedded, Client};
 use uniplane_services::config::Config;
 use uniplane_services::control::Request;
@@ -20,13 +21,6 @@ const ROUNDS: usize = 200;
 /// How long a caller waits for the acceptor's first message.
 const FIRST_WITHIN: Duration = Duration::from_secs(2);
 const PORT: u16 = 4100;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 fn config(me: &str, ports: (u16, u16), other: &str, theirs: (u16, u16), secret: &Path) -> String {
     format!(

@@ -26,10 +26,7 @@ async fn finding9_junk_to_a_tunnel_listener_is_counted_not_logged_each() {
     let warnings = Arc::new(AtomicUsize::new(0));
     let subscriber = tracing_subscriber::registry().with(CountWarnings(warnings.clone()));
     tracing::subscriber::set_global_default(subscriber).unwrap();
-    let tunnel = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let tunnel = std::net::SocketAddr::from(([127, 0, 0, 1], uniplane_netns::free_port()));
     let config = format!(
         "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n\n[[stacks]]\nname = \"tcp\"\nlisten = \"{tunnel}\"\n"
     );

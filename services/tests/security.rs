@@ -12,20 +12,13 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use uniplane_dataplane::wire::{Header, Params, PortParams, ReqType, Request};
 use uniplane_dataplane::{Endpoint, LinkExt, Locator, MemoryAddress, Message, Uid};
+use uniplane_netns::free_port;
 use uniplane_services::client::{embedded, Client, Connection, Session};
 use uniplane_services::config::Config;
 use uniplane_services::Daemon;
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 16, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 16, 0, 2);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Pair {
     a: (Daemon, Client),

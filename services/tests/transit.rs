@@ -12,19 +12,13 @@ use bytes::Bytes;
 use uniplane_client::protocol::Request;
 use uniplane_client::Client;
 use uniplane_dataplane::Uid;
+use uniplane_netns::free_port;
 use uniplane_services::client::embedded;
 use uniplane_services::config::Config;
 use uniplane_services::Daemon;
 
 const IDS: [&str; 3] = ["10.40.0.1", "10.40.0.2", "10.40.0.3"];
 const WAIT: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 /// Server `i`'s file: peers with its neighbours on the line A — B — C,
 /// the far end (for A and C) reached through B.

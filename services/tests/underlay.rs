@@ -12,19 +12,13 @@ use bytes::Bytes;
 use serde_json::Value;
 use uniplane_client::protocol::Request;
 use uniplane_client::Client;
+use uniplane_netns::free_port;
 use uniplane_services::client::embedded;
 use uniplane_services::config::Config;
 use uniplane_services::Daemon;
 
 const A: &str = "10.30.0.1";
 const B: &str = "10.30.0.2";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 /// `me` peered with `other`; `rules` go into the peer's section.
 fn config(

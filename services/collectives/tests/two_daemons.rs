@@ -11,16 +11,10 @@ use std::time::{Duration, Instant};
 use uniplane_client::protocol::Request;
 use uniplane_client::Client;
 use uniplane_collectives::{join, Op, Options, WorldSpec};
+use uniplane_netns::free_port;
 use uniplane_services::client::embedded;
 use uniplane_services::config::Config;
 use uniplane_services::Daemon;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 fn config(
     me: &str,

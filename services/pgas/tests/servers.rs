@@ -4,23 +4,17 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use common::within;
 use uniplane_client::protocol::Request;
+use uniplane_netns::free_port;
 use uniplane_pgas::jacobi::{reference, rows_of, run_rank, Spec};
 use uniplane_pgas::{Acl, AtomicOp, Call, Completion, Endpoint, Group, Options, Width};
 use uniplane_services::client::{embedded, Client};
 use uniplane_services::config::Config;
 use uniplane_services::Daemon;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 struct Servers {
     daemons: Vec<Daemon>,

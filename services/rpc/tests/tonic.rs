@@ -23,6 +23,7 @@ use uniplane_services::config::Config;
 use uniplane_services::Daemon;
 
 use common::peered_config;
+use uniplane_netns::free_port;
 
 const PORT: u16 = 50051;
 const WAIT: Duration = Duration::from_secs(10);
@@ -216,22 +217,6 @@ async fn a_caller_refused_by_uid_gets_permission_denied_from_the_real_client() {
 const A: Ipv4Addr = Ipv4Addr::new(10, 19, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 19, 0, 2);
 
-fn free_port(udp: bool) -> u16 {
-    if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-}
-
 struct Pair {
     a: Daemon,
     b: Daemon,
@@ -253,13 +238,12 @@ async fn pair(stack: &str) -> Pair {
     std::fs::create_dir_all(&dir).unwrap();
     let secret = dir.join("cluster.key");
     uniplane_services::auth::Key::generate(&secret).unwrap();
-    let udp = stack != "tcp";
     let addr = |p| SocketAddr::from(([127, 0, 0, 1], p));
     let (a_peer, a_tun, b_peer, b_tun) = (
-        addr(free_port(false)),
-        addr(free_port(udp)),
-        addr(free_port(false)),
-        addr(free_port(udp)),
+        addr(free_port()),
+        addr(free_port()),
+        addr(free_port()),
+        addr(free_port()),
     );
     let ca = peered_config(stack, A, a_peer, a_tun, (B, b_peer, b_tun), &secret);
     let cb = peered_config(stack, B, b_peer, b_tun, (A, a_peer, a_tun), &secret);

@@ -17,12 +17,19 @@
 //!   EtherType at an interface's ingress (an nftables `netdev` chain: the
 //!   `inet` hooks never see EtherTypes other than IP).
 //!
+//! - [`free_port`]: a loopback port below the kernel's ephemeral range,
+//!   so a daemon's outgoing connection never takes the port another is
+//!   about to listen on.
+//!
 //! Creating namespaces needs root (CAP_SYS_ADMIN) and `ip` (iproute2).
 //! [`require`] tells a test whether to run: when the tools are missing it
 //! returns `false` (skip), or panics when `UNIPLANE_REQUIRE_TOOLS=1`.
 
 pub mod frame_relay;
+pub mod ports;
 pub mod relay;
+
+pub use ports::{free_port, try_free_port};
 
 use std::io;
 use std::process::{Command, Output};
