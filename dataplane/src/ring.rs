@@ -244,6 +244,19 @@ impl<T: Send> Consumer<T> {
         Some(unsafe { (*self.shared.slots[self.head & self.shared.mask].get()).assume_init_ref() })
     }
 
+    /// The next value among those seen readable at the last
+    /// [`Consumer::available`] (or `peek`/`pop`), without re-reading the
+    /// producer's position: for a scheduler that looks at many rings
+    /// through shared references after refreshing each once.
+    #[inline]
+    pub fn peek_cached(&self) -> Option<&T> {
+        if self.head == self.tail_cache {
+            return None;
+        }
+        // SAFETY: as in `take`: [head, tail_cache) was published.
+        Some(unsafe { (*self.shared.slots[self.head & self.shared.mask].get()).assume_init_ref() })
+    }
+
     /// Takes the next value, if any. The slot is returned to the producer
     /// at the next [`Consumer::release`] (batch calls release themselves).
     #[inline]

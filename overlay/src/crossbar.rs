@@ -102,28 +102,7 @@ impl Crossbar {
     /// is lost or reordered). Lists may be shorter than the number of
     /// ports: the inputs left out get weight 1 and the least urgent class.
     pub fn set_policy(&mut self, output: PortId, policy: Policy) -> Result<(), PolicyError> {
-        let n = self.ports;
-        let pad = |mut v: Vec<u32>, fill: u32| {
-            if v.len() < n {
-                v.resize(n, fill);
-            }
-            v
-        };
-        let policy = match policy {
-            Policy::RoundRobin => Policy::RoundRobin,
-            Policy::Weighted(w) => Policy::Weighted(pad(w, 1)),
-            Policy::StrictPriority { mut class, weights } => {
-                let last = class.iter().copied().max().unwrap_or(0);
-                if class.len() < n {
-                    class.resize(n, last);
-                }
-                Policy::StrictPriority {
-                    class,
-                    weights: pad(weights, 1),
-                }
-            }
-        };
-        self.sched[output as usize].set_policy(policy)
+        self.sched[output as usize].set_policy(padded(policy, self.ports))
     }
 
     /// Drops every message queued for `output` (its port is gone), and
@@ -144,6 +123,31 @@ impl Crossbar {
     /// The policy of `output`.
     pub fn policy(&self, output: PortId) -> &Policy {
         self.sched[output as usize].policy()
+    }
+}
+
+/// `policy` with its lists made as long as `n` inputs: the inputs left
+/// out get weight 1 and the least urgent class.
+pub(crate) fn padded(policy: Policy, n: usize) -> Policy {
+    let pad = |mut v: Vec<u32>, fill: u32| {
+        if v.len() < n {
+            v.resize(n, fill);
+        }
+        v
+    };
+    match policy {
+        Policy::RoundRobin => Policy::RoundRobin,
+        Policy::Weighted(w) => Policy::Weighted(pad(w, 1)),
+        Policy::StrictPriority { mut class, weights } => {
+            let last = class.iter().copied().max().unwrap_or(0);
+            if class.len() < n {
+                class.resize(n, last);
+            }
+            Policy::StrictPriority {
+                class,
+                weights: pad(weights, 1),
+            }
+        }
     }
 }
 

@@ -86,22 +86,105 @@ impl Default for EngineConfig {
 /// A port's two queues: the engine's own ring pair (called directly, so
 /// the hot path stays statically dispatched) or any [`PortIo`] a caller
 /// supplied (a shared-memory link, a device run inline).
-enum Queues {
+pub(crate) enum Queues {
     Ring(RingPort),
     Io(Box<dyn PortIo>),
 }
 
-struct Port {
-    spec: PortSpec,
-    queues: Queues,
-    table: ForwardingTable,
-    acl: AccessControl,
-    reassembler: Option<Reassembler>,
-    counters: PortCounters,
+pub(crate) struct Port {
+    pub(crate) spec: PortSpec,
+    pub(crate) queues: Queues,
+    pub(crate) table: ForwardingTable,
+    pub(crate) acl: AccessControl,
+    pub(crate) reassembler: Option<Reassembler>,
+    pub(crate) counters: PortCounters,
+}
+
+impl Port {
+    /// A port on `queues` with empty tables, sized by `config`.
+    pub(crate) fn new(spec: PortSpec, queues: Queues, config: &EngineConfig) -> Self {
+        let reassembler = spec
+            .kind
+            .reassembles()
+            .then(|| Reassembler::new(config.reassembly_bytes, config.reassembly_timeout));
+        Port {
+            spec,
+            queues,
+            table: ForwardingTable::new(config.table_capacity),
+            acl: AccessControl::new(),
+            reassembler,
+            counters: PortCounters::default(),
+        }
+    }
+
+    /// Its counters, with the reassembler's brought up to date.
+    pub(crate) fn counters(&mut self) -> PortCounters {
+        if let Some(r) = &self.reassembler {
+            self.counters.reassembly = r.stats();
+        }
+        self.counters
+    }
+
+    /// Drops what waited too long for its other segments.
+    pub(crate) fn expire(&mut self, now: Duration) {
+        if let Some(r) = self.reassembler.as_mut() {
+            let name = &self.spec.name;
+            r.expire(now, |inc| {
+                tracing::debug!(
+                    port = %name,
+                    src = %inc.header.src,
+                    seq = inc.header.seqnum,
+                    received = inc.received,
+                    "reassembly timed out"
+                );
+            });
+            self.counters.reassembly = r.stats();
+        }
+    }
+}
+
+/// Where an input's connector queues what it forwards: the crossbar of a
+/// single engine, or a shard's row of rings to every output.
+pub(crate) trait Voqs {
+    /// Free places in the queue from `input` to `output`.
+    fn room(&mut self, input: PortId, output: PortId) -> usize;
+    /// Queues `m`; the caller checked the room.
+    fn push(&mut self, input: PortId, output: PortId, m: Message) -> Result<(), Message>;
+}
+
+impl Voqs for Crossbar {
+    #[inline]
+    fn room(&mut self, input: PortId, output: PortId) -> usize {
+        Crossbar::room(self, input, output)
+    }
+    #[inline]
+    fn push(&mut self, input: PortId, output: PortId, m: Message) -> Result<(), Message> {
+        Crossbar::push(self, input, output, m)
+    }
+}
+
+/// Where an output's scheduler takes what it sends: the crossbar of a
+/// single engine, or the rings every input has to it in a shard.
+pub(crate) trait Outputs {
+    /// Whether messages wait for `output`.
+    fn backlog(&mut self, output: PortId) -> usize;
+    /// The next message for `output` as its scheduler picks it.
+    fn pop(&mut self, output: PortId) -> Option<(PortId, Message)>;
+}
+
+impl Outputs for Crossbar {
+    #[inline]
+    fn backlog(&mut self, output: PortId) -> usize {
+        Crossbar::backlog(self, output)
+    }
+    #[inline]
+    fn pop(&mut self, output: PortId) -> Option<(PortId, Message)> {
+        Crossbar::pop(self, output)
+    }
 }
 
 /// What a connector decided for one message.
-enum Fate {
+pub(crate) enum Fate {
     Forward(PortId),
     Answer(Status),
 }
@@ -162,22 +245,22 @@ impl PortIo for Queues {
 
 /// What reading one input's burst needs, borrowed apart from the port's
 /// queues so that the burst loop is generic over them.
-struct Input<'a> {
-    acl: &'a AccessControl,
-    table: &'a ForwardingTable,
-    counters: &'a mut PortCounters,
-    translator: &'a Translator,
-    crossbar: &'a mut Crossbar,
-    mtu: &'a [usize],
-    burst: usize,
-    pi: PortId,
+pub(crate) struct Input<'a, V: Voqs> {
+    pub(crate) acl: &'a AccessControl,
+    pub(crate) table: &'a ForwardingTable,
+    pub(crate) counters: &'a mut PortCounters,
+    pub(crate) translator: &'a Translator,
+    pub(crate) crossbar: &'a mut V,
+    pub(crate) mtu: &'a [usize],
+    pub(crate) burst: usize,
+    pub(crate) pi: PortId,
 }
 
-impl Input<'_> {
+impl<V: Voqs> Input<'_, V> {
     /// Reads up to a burst from `q`: each message is forwarded into its
     /// virtual output queue or answered, or the input waits (lossless).
     #[inline]
-    fn read<Q: PortIo + ?Sized>(&mut self, q: &mut Q) -> usize {
+    pub(crate) fn read<Q: PortIo + ?Sized>(&mut self, q: &mut Q) -> usize {
         let pi = self.pi;
         let mut moved = 0;
         while moved < self.burst {
@@ -296,17 +379,7 @@ impl Engine {
             .position(Option::is_none)
             .ok_or(PlaneError::TooManyPorts(self.config.max_ports))?;
         self.mtu[slot] = spec.mtu.clamp(1, Message::MAX_PAYLOAD);
-        let reassembler = spec.kind.reassembles().then(|| {
-            Reassembler::new(self.config.reassembly_bytes, self.config.reassembly_timeout)
-        });
-        self.ports[slot] = Some(Port {
-            spec,
-            queues,
-            table: ForwardingTable::new(self.config.table_capacity),
-            acl: AccessControl::new(),
-            reassembler,
-            counters: PortCounters::default(),
-        });
+        self.ports[slot] = Some(Port::new(spec, queues, &self.config));
         Ok(slot as PortId)
     }
 
@@ -340,7 +413,7 @@ impl Engine {
 
     /// Decides a message's fate at its input connector.
     #[inline]
-    fn decide(
+    pub(crate) fn decide(
         acl: &AccessControl,
         table: &ForwardingTable,
         translator: &Translator,
@@ -420,9 +493,9 @@ impl Engine {
     /// Moves what output `o`'s scheduler picks into `q` while it has room,
     /// then publishes once.
     #[inline]
-    fn fill_output<Q: PortIo + ?Sized>(
+    pub(crate) fn fill_output<Q: PortIo + ?Sized, X: Outputs>(
         q: &mut Q,
-        crossbar: &mut Crossbar,
+        crossbar: &mut X,
         reassembler: &mut Option<Reassembler>,
         counters: &mut PortCounters,
         o: PortId,
@@ -452,18 +525,7 @@ impl Engine {
 
     fn expire(&mut self, now: Duration) {
         for port in self.ports.iter_mut().flatten() {
-            if let Some(r) = port.reassembler.as_mut() {
-                r.expire(now, |inc| {
-                    tracing::debug!(
-                        port = %port.spec.name,
-                        src = %inc.header.src,
-                        seq = inc.header.seqnum,
-                        received = inc.received,
-                        "reassembly timed out"
-                    );
-                });
-                port.counters.reassembly = r.stats();
-            }
+            port.expire(now);
         }
     }
 
@@ -493,14 +555,13 @@ impl Engine {
         let join = std::thread::Builder::new()
             .name("uniplane-engine".into())
             .spawn(move || self.run(mode, &stop2))
-            .ok()
-            .map(Arc::new);
-        let thread = join.as_ref().map(|j| j.thread().clone());
+            .ok();
+        let threads = join.iter().map(|j| j.thread().clone()).collect();
         EngineHandle {
             remote,
             stop,
-            thread,
-            join,
+            threads,
+            join: join.map(|j| Arc::new(Joined::One(j))),
         }
     }
 
@@ -657,11 +718,7 @@ impl ForwardingPlane for Engine {
     }
 
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
-        let p = self.port_mut(port)?;
-        if let Some(r) = &p.reassembler {
-            p.counters.reassembly = r.stats();
-        }
-        Ok(p.counters)
+        Ok(self.port_mut(port)?.counters())
     }
 }
 
@@ -677,7 +734,7 @@ pub enum RunMode {
     },
 }
 
-struct ThreadWaker(Thread);
+pub(crate) struct ThreadWaker(pub(crate) Thread);
 
 impl Wake for ThreadWaker {
     fn wake(self: Arc<Self>) {
@@ -696,10 +753,19 @@ impl Wake for ThreadWaker {
 /// applied it (tests, benchmarks, tools — never on an async runtime).
 #[derive(Clone)]
 pub struct EngineHandle {
-    remote: PlaneRemote,
-    stop: Arc<AtomicBool>,
-    thread: Option<Thread>,
-    join: Option<Arc<JoinHandle<Engine>>>,
+    pub(crate) remote: PlaneRemote,
+    pub(crate) stop: Arc<AtomicBool>,
+    /// Every thread of the engine, woken to see the stop.
+    pub(crate) threads: Vec<Thread>,
+    pub(crate) join: Option<Arc<Joined>>,
+}
+
+/// The threads [`EngineHandle::stop`] waits for.
+pub(crate) enum Joined {
+    /// A single engine, given back.
+    One(JoinHandle<Engine>),
+    /// A sharded engine's shards and its control thread.
+    Many(Vec<JoinHandle<()>>),
 }
 
 impl EngineHandle {
@@ -712,15 +778,24 @@ impl EngineHandle {
         self.remote.clone()
     }
 
-    /// Stops the engine thread and waits for it; returns the engine (with
-    /// its counters) when this was the last handle to hold the thread.
+    /// Stops the engine's threads and waits for them; returns the engine
+    /// (with its counters) when this was the last handle to hold a single
+    /// engine's thread. A sharded engine gives nothing back (read its
+    /// counters before stopping it).
     pub fn stop(mut self) -> Option<Engine> {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = &self.thread {
+        for t in &self.threads {
             t.unpark();
         }
-        let join = Arc::into_inner(self.join.take()?)?;
-        join.join().ok()
+        match Arc::into_inner(self.join.take()?)? {
+            Joined::One(j) => j.join().ok(),
+            Joined::Many(js) => {
+                for j in js {
+                    let _ = j.join();
+                }
+                None
+            }
+        }
     }
 }
 
@@ -793,6 +868,9 @@ impl ForwardingPlane for EngineHandle {
     }
     fn set_policy(&mut self, output: PortId, policy: Policy) -> Result<(), PlaneError> {
         self.op(PlaneOp::SetPolicy(output, policy)).map(drop)
+    }
+    fn move_port(&mut self, port: PortId, shard: usize) -> Result<(), PlaneError> {
+        self.op(PlaneOp::MovePort(port, shard)).map(drop)
     }
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
         counters(self.op(PlaneOp::Counters(port))?)

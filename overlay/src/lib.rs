@@ -8,6 +8,7 @@
 //! - [`translator`]: many connections over one stack tunnel.
 //! - [`plane`]: the `ForwardingPlane` control API.
 //! - [`engine`]: the run-to-completion loop that ties them together.
+//! - [`shard`]: the same engine on N threads, one crossbar between them.
 
 #![deny(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod engine;
 pub mod plane;
 pub mod remote;
 pub mod segment;
+pub mod shard;
 pub mod table;
 pub mod translator;
 
@@ -26,6 +28,7 @@ pub use plane::{
     PortSpec,
 };
 pub use remote::{PlaneFuture, PlaneHandle, PlaneInbox, PlaneRemote};
+pub use shard::{spawn_sharded, ShardConfig};
 
 /// Index of a port of the engine.
 pub type PortId = u16;

@@ -208,6 +208,8 @@ pub enum PlaneOp {
     Dump(PortId),
     /// [`ForwardingPlane::translations`].
     Translations,
+    /// [`ForwardingPlane::move_port`]: port, shard.
+    MovePort(PortId, usize),
 }
 
 /// What a [`PlaneOp`] gave back.
@@ -298,6 +300,16 @@ pub trait ForwardingPlane {
     fn dump(&mut self, port: PortId) -> Result<PortDump, PlaneError>;
     /// Reads every translator entry back from the plane.
     fn translations(&mut self) -> Result<Vec<(ConnKey, PortId)>, PlaneError>;
+    /// Moves `port` (its connector, its queues, its output's scheduler)
+    /// to `shard` of a sharded engine, losing and reordering nothing:
+    /// what waits in its queues stays there. Planes of one thread refuse.
+    fn move_port(&mut self, port: PortId, shard: usize) -> Result<(), PlaneError> {
+        let _ = (port, shard);
+        Err(PlaneError::Unsupported {
+            plane: self.kind(),
+            what: "move a port between shards",
+        })
+    }
     /// Adds or replaces a forwarding entry of `port`'s connector.
     fn add_route(&mut self, port: PortId, route: Route) -> Result<(), PlaneError>;
     /// Removes the entry with `key` and `mask` from `port`'s table.
@@ -346,6 +358,7 @@ pub trait ForwardingPlane {
             PlaneOp::Counters(p) => self.counters(p).map(PlaneReply::Counters),
             PlaneOp::Dump(p) => self.dump(p).map(|d| PlaneReply::Dump(Box::new(d))),
             PlaneOp::Translations => self.translations().map(PlaneReply::Translations),
+            PlaneOp::MovePort(p, shard) => done(self.move_port(p, shard)),
         }
     }
 }

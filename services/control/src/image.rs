@@ -155,7 +155,8 @@ impl PlaneImage {
             | PlaneOp::SetPolicy(..)
             | PlaneOp::Counters(_)
             | PlaneOp::Dump(_)
-            | PlaneOp::Translations => {}
+            | PlaneOp::Translations
+            | PlaneOp::MovePort(..) => {}
         }
     }
 

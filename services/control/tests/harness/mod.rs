@@ -127,7 +127,7 @@ impl ModelPlane {
             PlaneOp::SetDefault(p, _) => {
                 port(&mut self.ports, *p)?;
             }
-            PlaneOp::Translations => {}
+            PlaneOp::Translations | PlaneOp::MovePort(..) => {}
         }
         Ok(OpResult::Done)
     }
