@@ -38,6 +38,7 @@ pub mod collectives;
 pub mod engine;
 mod error;
 pub mod fabric;
+pub mod fabric_shards;
 pub mod gen;
 pub mod hist;
 pub mod pacer;

@@ -225,6 +225,19 @@ struct FabricArgs {
     /// Seconds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Run the sharded engine on this many threads and measure by wall
+    /// clock (without it: the single engine stepped here, timed by its
+    /// CPU time).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// With --shards: `replay` (devices inside the shards replay
+    /// pre-built messages) or `threads` (an application thread per port).
+    #[arg(long, default_value = "replay")]
+    source: String,
+    /// With --shards: CPUs to pin the shards to, e.g. `0,2,4` (shard k
+    /// on the k-th, round).
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
 }
 
 #[derive(Args)]
@@ -1090,6 +1103,39 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("peer", params, results))
 }
 
+fn fabric_sharded(
+    cli: &Cli,
+    a: &FabricArgs,
+    matrix: uniplane_bench::fabric::Matrix,
+    shards: usize,
+) -> Result<(), BenchError> {
+    use uniplane_bench::fabric_shards::{run_sharded, ShardedFabric};
+    let cfg = ShardedFabric {
+        senders: a.ports,
+        matrix,
+        size: a.size,
+        seconds: a.seconds,
+        shards,
+        cpus: a.cpus.clone(),
+        source: a.source.parse()?,
+    };
+    let results = run_sharded(&cfg)?;
+    println!(
+        "fabric {} {}×{} B on {} shards ({} source, {} cores): {:.2} M msgs/s end to end ({:.2} GB/s)",
+        a.pattern,
+        a.ports,
+        a.size,
+        results["shards"],
+        a.source,
+        results["cores"],
+        results["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+        results["gbytes_per_sec"].as_f64().unwrap_or(0.0),
+    );
+    let params = json!({ "ports": a.ports, "pattern": a.pattern, "size": a.size,
+        "seconds": a.seconds, "shards": shards, "source": a.source, "cpus": a.cpus });
+    emit(cli.json, &Report::new("fabric", params, results))
+}
+
 fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
     use uniplane_bench::fabric::{run_fabric, Matrix};
     let matrix = match a.pattern.as_str() {
@@ -1101,6 +1147,9 @@ fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
             )))
         }
     };
+    if let Some(shards) = a.shards {
+        return fabric_sharded(cli, a, matrix, shards);
+    }
     let results = run_fabric(a.ports, matrix, a.size, a.seconds)?;
     println!(
         "fabric {} {}×{} B: {:.2} M msgs/s on the engine core ({:.2} GB/s), end to end {:.2} M msgs/s; bare SPSC ring {:.2} M msgs/s; memcpy {:.1} GB/s; latency p50 {} ns p99 {} ns",
