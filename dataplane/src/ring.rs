@@ -257,6 +257,32 @@ impl<T: Send> Consumer<T> {
         Some(unsafe { (*self.shared.slots[self.head & self.shared.mask].get()).assume_init_ref() })
     }
 
+    /// Whether values were seen readable at the last refresh and not
+    /// all taken since (no shared index is read).
+    #[inline]
+    pub fn has_cached(&self) -> bool {
+        self.head != self.tail_cache
+    }
+
+    /// Asks the processor to fetch the next slot, so that a consumer
+    /// serving several rings in turn finds it in its cache.
+    #[inline]
+    pub fn prefetch_next(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let slot = self.shared.slots[self.head & self.shared.mask].get();
+            // SAFETY: prefetching is a hint; it reads nothing the program
+            // sees and is valid for any address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(slot.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
+                std::arch::x86_64::_mm_prefetch(
+                    slot.cast::<i8>().wrapping_add(64),
+                    std::arch::x86_64::_MM_HINT_T0,
+                );
+            }
+        }
+    }
+
     /// Takes the next value, if any. The slot is returned to the producer
     /// at the next [`Consumer::release`] (batch calls release themselves).
     #[inline]

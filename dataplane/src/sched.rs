@@ -18,6 +18,13 @@
 pub trait Backlog {
     /// Bytes of the message at the head of `queue`, or `None` when empty.
     fn head_len(&self, queue: usize) -> Option<u32>;
+    /// Whether `queue` holds a message: what round robin and strict
+    /// priority's class test need, without reading the message (queues
+    /// filled by another core answer from their indices alone).
+    #[inline]
+    fn has_head(&self, queue: usize) -> bool {
+        self.head_len(queue).is_some()
+    }
 }
 
 impl<F: Fn(usize) -> Option<u32>> Backlog for F {
@@ -137,7 +144,7 @@ impl Drr {
     }
 
     fn any(&self, backlog: &impl Backlog) -> bool {
-        self.queues.iter().any(|&q| backlog.head_len(q).is_some())
+        self.queues.iter().any(|&q| backlog.has_head(q))
     }
 }
 
@@ -238,7 +245,7 @@ impl Scheduler {
             State::RoundRobin { next } => {
                 for i in 0..self.queues {
                     let q = (*next + i) % self.queues;
-                    if backlog.head_len(q).is_some() {
+                    if backlog.has_head(q) {
                         *next = (q + 1) % self.queues;
                         return Some(q);
                     }

@@ -116,6 +116,10 @@ impl Backlog for Heads<'_> {
             .peek_cached()
             .map(|m| m.encoded_len() as u32)
     }
+    #[inline]
+    fn has_head(&self, q: usize) -> bool {
+        matches!(self.0.get(q), Some(Some(c)) if c.has_cached())
+    }
 }
 
 impl Column {
@@ -153,6 +157,7 @@ impl Outputs for Column {
         let input = self.sched.pick(&Heads(&self.voq))?;
         let c = self.voq[input].as_mut()?;
         let m = c.pop()?;
+        c.prefetch_next();
         self.backlog -= 1;
         if c.peek_cached().is_none() {
             // Seen empty: look again, as the single engine's queues are
@@ -485,11 +490,18 @@ impl Shard {
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         let mut idle = 0u32;
+        let (mut now, mut passes) = (Duration::ZERO, 0u32);
         while !stop.load(Ordering::Acquire) {
             if !self.serve() {
                 return;
             }
-            if self.step(epoch.elapsed()) > 0 {
+            // The clock serves reassembly timeouts (a second by default):
+            // read it every 64 passes, not every pass.
+            if passes % 64 == 0 {
+                now = epoch.elapsed();
+            }
+            passes = passes.wrapping_add(1);
+            if self.step(now) > 0 {
                 idle = 0;
                 continue;
             }
@@ -511,6 +523,7 @@ impl Shard {
                     // timeouts still fire when idle.
                     std::thread::park_timeout(Duration::from_millis(10));
                     idle = 0;
+                    passes = 0;
                 }
             }
         }

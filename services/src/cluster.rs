@@ -196,6 +196,8 @@ struct RawEngine {
     voq_depth: Option<Spanned<i64>>,
     table_capacity: Option<Spanned<i64>>,
     mode: Option<Spanned<String>>,
+    shards: Option<Spanned<i64>>,
+    cpus: Option<Vec<Spanned<i64>>>,
 }
 
 #[derive(Deserialize)]

@@ -94,6 +94,8 @@ struct RawEngine {
     voq_depth: Option<Spanned<i64>>,
     table_capacity: Option<Spanned<i64>>,
     mode: Option<Spanned<String>>,
+    shards: Option<Spanned<i64>>,
+    cpus: Option<Vec<Spanned<i64>>>,
 }
 
 #[derive(Deserialize)]
@@ -399,6 +401,12 @@ pub struct Config {
     pub table_capacity: usize,
     /// Engine wait mode (also how the RTL plane's thread waits).
     pub mode: EngineMode,
+    /// Engine threads (`[engine] shards`, default 1): ports are spread
+    /// over them, one crossbar between them.
+    pub shards: usize,
+    /// CPUs to pin the shards to (`[engine] cpus`; shard k on the k-th,
+    /// round); empty: not pinned.
+    pub cpus: Vec<usize>,
     /// The forwarding plane (`plane = "engine" | "rtl"` at the top of the
     /// file; `uniplaned --plane` overrides it). Default: the engine.
     pub plane: crate::plane::PlaneKind,
@@ -458,12 +466,16 @@ impl Config {
                 self.voq_depth,
                 self.table_capacity,
                 self.mode,
+                self.shards,
+                &self.cpus,
             ) != (
                 new.max_ports,
                 new.ring_depth,
                 new.voq_depth,
                 new.table_capacity,
                 new.mode,
+                new.shards,
+                &new.cpus,
             ),
             "engine",
         );
@@ -812,6 +824,13 @@ impl Config {
             "engine.table_capacity",
             bounds::TABLE_CAPACITY,
         )?;
+        let shards = src.number_or(engine.shards.as_ref(), 1, "engine.shards", bounds::SHARDS)?;
+        let cpus = engine
+            .cpus
+            .iter()
+            .flatten()
+            .map(|c| src.number(c, "engine.cpus", bounds::CPU))
+            .collect::<Result<Vec<usize>, _>>()?;
         if voq_depth as u64 * (max_ports * max_ports) as u64 > bounds::VOQ_SLOTS {
             let span = engine
                 .voq_depth
@@ -878,6 +897,8 @@ impl Config {
             voq_depth,
             table_capacity,
             mode,
+            shards,
+            cpus,
             plane,
             stacks,
             devices,

@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use uniplane_overlay::{Engine, EngineConfig, PlaneHandle, RunMode};
+use uniplane_overlay::{spawn_sharded, Engine, EngineConfig, PlaneHandle, RunMode, ShardConfig};
 
 use crate::config::{Config, EngineMode};
 
@@ -74,8 +74,9 @@ fn run_mode(config: &Config) -> RunMode {
 /// `config` says, and returns its handle.
 ///
 /// - `Engine`: the software engine with `max_ports`, `ring_depth`,
-///   `voq_depth` and `table_capacity` from the configuration, as the
-///   daemon has always built it.
+///   `voq_depth` and `table_capacity` from the configuration; on `shards`
+///   threads (pinned to `cpus`) when more than one is asked for (or CPUs
+///   are named), else on one thread as the daemon has always run it.
 /// - `Rtl`: the 8-port `uniplane_top` model; `ring_depth` sizes the port
 ///   rings, while ports, queues and tables are fixed by the RTL (8 ports,
 ///   32-beat queues, 32 forwarding entries per port). Without the `rtl`
@@ -83,14 +84,23 @@ fn run_mode(config: &Config) -> RunMode {
 pub fn open_plane(kind: PlaneKind, config: &Config) -> Result<Arc<dyn PlaneHandle>, String> {
     match kind {
         PlaneKind::Engine => {
-            let engine = Engine::new(EngineConfig {
+            let engine = EngineConfig {
                 max_ports: config.max_ports,
                 ring_depth: config.ring_depth,
                 voq_depth: config.voq_depth,
                 table_capacity: config.table_capacity,
                 ..EngineConfig::default()
-            });
-            Ok(Arc::new(engine.spawn(run_mode(config))))
+            };
+            if config.shards == 1 && config.cpus.is_empty() {
+                return Ok(Arc::new(Engine::new(engine).spawn(run_mode(config))));
+            }
+            let shards = ShardConfig {
+                shards: config.shards,
+                cpus: config.cpus.clone(),
+            };
+            spawn_sharded(engine, &shards, run_mode(config))
+                .map(|h| Arc::new(h) as Arc<dyn PlaneHandle>)
+                .map_err(|e| format!("the engine's shards: {e}"))
         }
         PlaneKind::Rtl => open_rtl(config),
     }

@@ -100,8 +100,20 @@ async fn the_cli_answers_status_and_pings_the_echo_device() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_applications_connect_and_detaching_closes_their_connections() {
-    let dir = runtime("apps");
-    let (daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+    apps_connect_and_detach(CONFIG, "apps").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_on_an_engine_of_three_shards() {
+    // The daemon's port, the echo device and the two applications land
+    // on different shards: setup, data, teardown and metrics all cross.
+    let config = format!("{CONFIG}\n[engine]\nshards = 3\nmode = \"spin-then-park\"\n");
+    apps_connect_and_detach(&config, "apps-sharded").await;
+}
+
+async fn apps_connect_and_detach(config: &str, name: &str) {
+    let dir = runtime(name);
+    let (daemon, client) = embedded(Config::parse(config, "test").unwrap(), &dir)
         .await
         .unwrap();
     let server_app = client.attach("server").await.unwrap();

@@ -50,6 +50,7 @@ pub(super) fn config(
             ("ring_depth", &e.ring_depth),
             ("voq_depth", &e.voq_depth),
             ("table_capacity", &e.table_capacity),
+            ("shards", &e.shards),
         ] {
             if let Some(v) = v {
                 w.int(key, v, &format!("servers.engine.{key}"));
@@ -57,6 +58,9 @@ pub(super) fn config(
         }
         if let Some(v) = &e.mode {
             w.string("mode", v, "servers.engine.mode");
+        }
+        if let Some(v) = &e.cpus {
+            w.array("cpus", v, "servers.engine.cpus", i64::to_string);
         }
     }
     for st in &s.stacks {

@@ -72,6 +72,10 @@ pub const MAX_PORTS: Bounds = Bounds::new(2, 256);
 /// `engine.ring_depth`: messages per port ring and direction (rounded up
 /// to a power of two).
 pub const RING_DEPTH: Bounds = Bounds::new(2, 16384);
+/// `engine.shards`: engine threads, each running a share of the ports.
+pub const SHARDS: Bounds = Bounds::new(1, 64);
+/// `engine.cpus`: a CPU number to pin a shard to.
+pub const CPU: Bounds = Bounds::new(0, 1023);
 /// `engine.voq_depth`: messages per virtual output queue.
 pub const VOQ_DEPTH: Bounds = Bounds::new(1, 4096);
 /// Most queue slots the crossbar may hold in all: `max_ports² ×

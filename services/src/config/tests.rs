@@ -695,3 +695,20 @@ fn a_class_may_be_pinned_to_another_stack_of_a_peer() {
         assert!(err.contains(want), "{bad}: {err}");
     }
 }
+
+#[test]
+fn engine_shards_and_cpus_parse_and_bad_ones_are_refused() {
+    let c = Config::parse("[engine]\nshards = 4\ncpus = [0, 2, 4, 6]\n", "c.toml").unwrap();
+    assert_eq!((c.shards, c.cpus.clone()), (4, vec![0, 2, 4, 6]));
+    let d = Config::parse("", "c.toml").unwrap();
+    assert_eq!((d.shards, d.cpus.len()), (1, 0));
+    assert_eq!(c.needs_restart_for(&d), vec!["engine"]);
+    assert_eq!(
+        refused("[engine]\nshards = 0\n").to_string(),
+        "c.toml:2:10: field `engine.shards`: 0 is out of range 1..=64"
+    );
+    assert_eq!(
+        refused("[engine]\ncpus = [1, -1]\n").to_string(),
+        "c.toml:2:12: field `engine.cpus`: -1 is out of range 0..=1023"
+    );
+}
