@@ -77,6 +77,10 @@ pub struct ShardedFabric {
     pub cpus: Vec<usize>,
     /// Where traffic comes from.
     pub source: Source,
+    /// Messages a shard reads from one input per pass.
+    pub burst: usize,
+    /// Messages each virtual output queue holds.
+    pub voq_depth: usize,
 }
 
 fn uid(device: u16) -> Uid {
@@ -84,6 +88,9 @@ fn uid(device: u16) -> Uid {
 }
 
 /// A port that replays pre-built messages and counts what it is given.
+/// On a cache line of its own: it changes with every message, and the
+/// ports of different shards are allocated one after another.
+#[repr(align(128))]
 struct Replay {
     /// Messages it sends, in turn (empty: it only receives).
     script: Vec<Message>,
@@ -200,8 +207,8 @@ pub fn run_sharded(cfg: &ShardedFabric) -> Result<Value, BenchError> {
     };
     let config = EngineConfig {
         max_ports: ports.max(2),
-        burst: 64,
-        voq_depth: 256,
+        burst: cfg.burst.max(1),
+        voq_depth: cfg.voq_depth.max(1),
         ring_depth: 1024,
         ..EngineConfig::default()
     };
@@ -284,6 +291,8 @@ pub fn run_sharded(cfg: &ShardedFabric) -> Result<Value, BenchError> {
         "cpus": cfg.cpus,
         "ports": ports,
         "source": match cfg.source { Source::Replay => "replay", Source::Threads => "threads" },
+        "burst": cfg.burst,
+        "voq_depth": cfg.voq_depth,
         "per_port": per_port,
     }))
 }
@@ -341,6 +350,8 @@ mod tests {
                 shards: 2,
                 cpus: Vec::new(),
                 source,
+                burst: 64,
+                voq_depth: 256,
             })
             .unwrap();
             assert!(r["delivered"].as_u64().unwrap() > 0, "{r}");

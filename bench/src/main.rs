@@ -238,6 +238,12 @@ struct FabricArgs {
     /// on the k-th, round).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// With --shards: messages a shard reads from one input per pass.
+    #[arg(long, default_value_t = 64)]
+    burst: usize,
+    /// With --shards: messages each virtual output queue holds.
+    #[arg(long, default_value_t = 256)]
+    voq_depth: usize,
 }
 
 #[derive(Args)]
@@ -1118,6 +1124,8 @@ fn fabric_sharded(
         shards,
         cpus: a.cpus.clone(),
         source: a.source.parse()?,
+        burst: a.burst,
+        voq_depth: a.voq_depth,
     };
     let results = run_sharded(&cfg)?;
     println!(

@@ -97,7 +97,11 @@ pub fn ring<T: Send>(capacity: usize) -> (Producer<T>, Consumer<T>) {
     )
 }
 
-/// The writing end of a ring.
+/// The writing end of a ring. On a cache line of its own: its indices
+/// change with every push, and a ring's two ends, or the ends of many
+/// rings, often sit side by side in memory while different threads use
+/// them.
+#[repr(align(128))]
 pub struct Producer<T> {
     shared: Arc<Shared<T>>,
     /// Next slot to write (ahead of the shared tail until flushed).
@@ -194,6 +198,7 @@ impl<T> Drop for Producer<T> {
 }
 
 /// The reading end of a ring.
+#[repr(align(128))]
 pub struct Consumer<T> {
     shared: Arc<Shared<T>>,
     /// Next slot to read (ahead of the shared head until released).

@@ -86,6 +86,10 @@ impl Default for EngineConfig {
 /// A port's two queues: the engine's own ring pair (called directly, so
 /// the hot path stays statically dispatched) or any [`PortIo`] a caller
 /// supplied (a shared-memory link, a device run inline).
+// The ring variant is the hot one and stays inline (its two ends are
+// cache-line aligned, hence the size); boxing it would add a pointer
+// chase per burst.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Queues {
     Ring(RingPort),
     Io(Box<dyn PortIo>),

@@ -27,7 +27,9 @@ use crate::config::UnderlayConfig;
 use crate::control::{conn_spec, PeerRequest};
 use uniplane_overlay::PlaneReply;
 
-/// How an attached port reaches its user.
+/// How an attached port reaches its user. One per attach: the ring's
+/// size (its ends are cache-line aligned) does not matter here.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum PortLink {
     /// A ring pair the daemon holds: tunnels, its own port, and every port
     /// of a plane that cannot take caller-supplied queues.
