@@ -49,6 +49,7 @@ pub mod plot;
 pub mod report;
 pub mod rpc;
 pub mod rtt;
+pub mod scale;
 pub mod share;
 pub mod share_daemons;
 pub mod sizes;

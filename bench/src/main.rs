@@ -76,6 +76,9 @@ enum Command {
     Collectives(CollectivesArgs),
     /// PGAS active messages (uniplane-pgas) beside OpenSHMEM, same sizes.
     Pgas(PgasArgs),
+    /// How the engine's cost grows: ports (4 → 64), installed connections
+    /// (1 → 100,000) and message size (64 B → 64 KiB); heap per connection.
+    Scale(ScaleArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -115,6 +118,30 @@ struct CollectivesArgs {
     #[arg(long)]
     uniplaned: Option<PathBuf>,
     /// Draw latency against size, one line per library (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ScaleArgs {
+    /// Seconds per point.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Port counts, uniform traffic of 64 B.
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16,32,64")]
+    ports: Vec<usize>,
+    /// Installed connections (routes and ACL entries on one input).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,10,100,1000,10000,100000"
+    )]
+    connections: Vec<usize>,
+    /// Payload sizes, four ports to one.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "64,256,1024,4096,16384,65535")]
+    sizes: Vec<usize>,
+    /// Draw each sweep (M msgs/s and ns per message): PREFIX-ports.svg,
+    /// PREFIX-connections.svg, PREFIX-sizes.svg.
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -238,11 +265,13 @@ struct FabricArgs {
     /// on the k-th, round).
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
-    /// With --shards: messages a shard reads from one input per pass.
-    #[arg(long, default_value_t = 64)]
+    /// With --shards: messages a shard reads from one input per pass
+    /// (each pass hands its queues to other cores once, so larger bursts
+    /// spread that cost over more messages).
+    #[arg(long, default_value_t = 256)]
     burst: usize,
     /// With --shards: messages each virtual output queue holds.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 1024)]
     voq_depth: usize,
 }
 
@@ -1109,6 +1138,74 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("peer", params, results))
 }
 
+fn scale(cli: &Cli, a: &ScaleArgs) -> Result<(), BenchError> {
+    use uniplane_bench::scale::{run_scale, ScaleConfig};
+    let cfg = ScaleConfig {
+        ports: a.ports.clone(),
+        connections: a.connections.clone(),
+        sizes: a.sizes.clone(),
+        seconds: a.seconds,
+    };
+    let results = run_scale(&cfg)?;
+    for (sweep, key) in [
+        ("ports", "ports"),
+        ("connections", "connections"),
+        ("sizes", "size"),
+    ] {
+        for p in results[sweep].as_array().into_iter().flatten() {
+            println!(
+                "{key} {:>7}: {:7.2} M msgs/s, {:7.1} ns/msg{}",
+                p[key],
+                p["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
+                p["ns_per_msg"].as_f64().unwrap_or(0.0),
+                p["heap_bytes_per_connection"]
+                    .as_f64()
+                    .map_or(String::new(), |b| format!(", {b:.0} B heap per connection")),
+            );
+        }
+    }
+    if let Some(prefix) = &a.plot {
+        for (sweep, key, label) in [
+            ("ports", "ports", "ports"),
+            ("connections", "connections", "installed connections"),
+            ("sizes", "size", "payload bytes"),
+        ] {
+            let pts = results[sweep].as_array().cloned().unwrap_or_default();
+            let line = |f: &dyn Fn(&Value) -> f64| -> Vec<(f64, f64)> {
+                pts.iter()
+                    .map(|p| (p[key].as_f64().unwrap_or(1.0), f(p)))
+                    .filter(|&(x, y)| x > 0.0 && y > 0.0)
+                    .collect()
+            };
+            let lines = [
+                (
+                    "M msgs/s",
+                    line(&|p| p["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6),
+                ),
+                (
+                    "ns per message",
+                    line(&|p| p["ns_per_msg"].as_f64().unwrap_or(0.0)),
+                ),
+            ];
+            let mut path = prefix.clone().into_os_string();
+            path.push(format!("-{sweep}.svg"));
+            let path = PathBuf::from(path);
+            plot::draw(
+                &path,
+                &Chart::LogLog {
+                    title: "engine cost",
+                    x_label: label,
+                    y_label: "M msgs/s · ns/msg",
+                    lines: &lines,
+                },
+            )?;
+            println!("  plot: {}", path.display());
+        }
+    }
+    let params = json!({ "ports": a.ports, "connections": a.connections, "sizes": a.sizes, "seconds": a.seconds });
+    emit(cli.json, &Report::new("scale", params, results))
+}
+
 fn fabric_sharded(
     cli: &Cli,
     a: &FabricArgs,
@@ -1623,6 +1720,7 @@ fn main() -> ExitCode {
         Command::Rpc(a) => rpc(&cli, a),
         Command::Collectives(a) => collectives(&cli, a),
         Command::Pgas(a) => pgas(&cli, a),
+        Command::Scale(a) => scale(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)
