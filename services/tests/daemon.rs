@@ -116,6 +116,9 @@ async fn apps_connect_and_detach(config: &str, name: &str) {
     let (daemon, client) = embedded(Config::parse(config, "test").unwrap(), &dir)
         .await
         .unwrap();
+    let parsed = Config::parse(config, "test").unwrap();
+    let status = client.request(&Request::Status).await.unwrap();
+    assert_eq!(status["engine"]["shards"], parsed.shards, "{status}");
     let server_app = client.attach("server").await.unwrap();
     let mut listener = server_app.listen(80).await.unwrap();
     let client_app = uniplane_services::client::Client::connect(daemon.runtime_dir())

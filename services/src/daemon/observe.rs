@@ -62,6 +62,8 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
         "resources": core.resources().count(),
         "connections": core.connections().count(),
         "stacks": shared.stacks.iter().map(|s| s.name()).collect::<Vec<_>>(),
+        "plane": shared.plane.kind(),
+        "engine": { "shards": shared.config.shards, "cpus": shared.config.cpus },
         "peers": peers,
         "classes": classes_json(&d.underlay),
     })
