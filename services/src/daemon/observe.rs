@@ -63,8 +63,39 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
         "connections": core.connections().count(),
         "stacks": shared.stacks.iter().map(|s| s.name()).collect::<Vec<_>>(),
         "peers": peers,
+        "devices": devices_json(shared),
         "classes": classes_json(&d.underlay),
     })
+}
+
+/// The configured devices, with each GPU memory device's state and copies.
+fn devices_json(shared: &super::Shared) -> serde_json::Value {
+    use crate::config::MemoryBackend;
+    json!(shared
+        .config
+        .devices
+        .iter()
+        .map(|d| {
+            let mut v = json!({
+                "name": d.name,
+                "kind": format!("{:?}", d.kind).to_lowercase(),
+                "memory": d.memory,
+                "backend": match d.backend { MemoryBackend::Host => "host", MemoryBackend::Gpu(_) => "gpu" },
+                "state": "up",
+            });
+            if let MemoryBackend::Gpu(g) = d.backend {
+                v["gpu"] = json!(g.ordinal);
+                v["transfer"] = json!(g.transfer.name());
+                v["direct_from"] = json!(g.direct_from);
+                if let Some((_, stats)) = shared.gpu_stats.iter().find(|(n, _)| *n == d.name) {
+                    if let (Some(v), serde_json::Value::Object(s)) = (v.as_object_mut(), stats.json()) {
+                        v.extend(s);
+                    }
+                }
+            }
+            v
+        })
+        .collect::<Vec<_>>())
 }
 
 /// A peer's underlay counters.
