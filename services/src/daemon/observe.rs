@@ -45,8 +45,18 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
                     json!({ "class": class, "port": port, "stack": stack })
                 })
                 .collect();
+            // The largest payload its tunnels carry (the smallest of its
+            // stacks', as the core has it).
+            let tunnel_mtu = conf.and_then(|c| {
+                std::iter::once(&c.stack)
+                    .chain(c.pins.iter().map(|x| &x.stack))
+                    .filter_map(|name| shared.stacks.iter().find(|s| s.name() == name))
+                    .map(|s| super::tunnel_mtu(s.as_ref()))
+                    .min()
+            });
             json!({
                 "server": p.server.to_string(), "address": address,
+                "tunnel_mtu": tunnel_mtu,
                 "alive": p.alive, "failures": p.failures,
                 "tunnels": tunnels,
                 "underlay": underlay,
