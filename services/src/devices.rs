@@ -428,6 +428,35 @@ mod tests {
         assert_eq!(order, [2, 3]);
     }
 
+    /// Memory that has failed, as a GPU whose copy failed answers.
+    struct Failed;
+
+    impl MemoryStore for Failed {
+        fn store(&mut self, _: u64, _: &[u8]) -> Result<(), Status> {
+            Err(Status::PeerFailed)
+        }
+
+        fn load(&mut self, _: u64, _: usize) -> Result<Bytes, Status> {
+            Err(Status::PeerFailed)
+        }
+    }
+
+    #[test]
+    fn failed_memory_answers_the_caller_with_its_status() {
+        let w = Message::write(
+            uid("1.1.1.1:5"),
+            uid("1.1.1.1:1").at(0),
+            Bytes::from_static(b"abcd"),
+        )
+        .unwrap();
+        let r = Message::read(uid("1.1.1.1:5").at(0), uid("1.1.1.1:1").at(0), 4).unwrap();
+        for m in [w, r] {
+            let answer = handle(DeviceKind::Memory, &mut Failed, m).unwrap();
+            assert_eq!(answer.header().status(), Status::PeerFailed);
+            assert_eq!(answer.header().dst, uid("1.1.1.1:5"), "back to the caller");
+        }
+    }
+
     #[test]
     fn answers_get_no_reply() {
         let mut mem = Memory::new(16);
