@@ -86,6 +86,9 @@ cargo test -p uniplane-dpdk --features dpdk
 echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
 cargo clippy -p uniplane-services --features dpdk --all-targets -- -D warnings
 cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
+echo "==> GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
+cargo clippy -p uniplane-services -p uniplane-bench --features uniplane-services/gpu,uniplane-bench/gpu --all-targets -- -D warnings
+cargo test -p uniplane-services --features gpu --test gpu_memory
 echo "==> the Debian package: build it, unpack it, run what it installs"
 deb=$(scripts/package.sh | tail -n 1)
 pkgroot=$(mktemp -d)

@@ -24,6 +24,8 @@
 //!   daemons and the sealed tunnel between them, beside the stack alone.
 //! - [`rpc`]: unary RPC through uniplane (native or tonic) beside tonic
 //!   over TCP loopback.
+//! - [`devices`]: a memory device (host or GPU memory) written and read
+//!   back through a daemon, beside memcpy or the driver's pinned copy.
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
@@ -35,6 +37,7 @@
 pub mod args;
 pub mod clock;
 pub mod collectives;
+pub mod devices;
 pub mod engine;
 mod error;
 pub mod fabric;

@@ -79,6 +79,10 @@ enum Command {
     /// How the engine's cost grows: ports (4 → 64), installed connections
     /// (1 → 100,000) and message size (64 B → 64 KiB); heap per connection.
     Scale(ScaleArgs),
+    /// A memory device (host or GPU memory) written and read back through
+    /// a daemon started in this process, beside memcpy (host) or the
+    /// driver's pinned host-to-device copy (gpu).
+    Devices(DevicesArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -144,6 +148,25 @@ struct ScaleArgs {
     /// PREFIX-connections.svg, PREFIX-sizes.svg.
     #[arg(long)]
     plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct DevicesArgs {
+    /// Where the device keeps its bytes (gpu needs a build with `--features gpu`).
+    #[arg(long, default_value = "host", value_parser = ["host", "gpu"])]
+    memory: String,
+    /// Bytes written and read back (K, M, G: powers of 1024; at most 1G).
+    #[arg(long, default_value = "64M")]
+    size: String,
+    /// Compare the bytes read back with those written.
+    #[arg(long)]
+    verify: bool,
+    /// The CUDA device ordinal (--memory gpu).
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// Timed rounds of each figure; the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
 }
 
 #[derive(Args)]
@@ -1703,6 +1726,57 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("pgas", params, r))
 }
 
+fn devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
+    use uniplane_bench::devices::{parse_bytes, run_devices, DevicesConfig, MemoryKind};
+    let size = parse_bytes(&a.size).map_err(|e| BenchError::Config(format!("--size: {e}")))?;
+    let cfg = DevicesConfig {
+        memory: if a.memory == "gpu" {
+            MemoryKind::Gpu
+        } else {
+            MemoryKind::Host
+        },
+        size,
+        verify: a.verify,
+        gpu: a.gpu,
+        rounds: a.rounds as usize,
+    };
+    let r = run_devices(&cfg)?;
+    let f = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
+    println!(
+        "devices: {} bytes of {} memory through the daemon (GB/s, median of {}):",
+        size, a.memory, a.rounds
+    );
+    println!("  {:>6} {:>10} {:>10} {:>7}", "", "daemon", "peer", "ratio");
+    for way in ["write", "read"] {
+        println!(
+            "  {:>6} {:>10} {:>10} {:>6}x",
+            way,
+            f(&r["gbytes_per_sec"][way]),
+            f(&r["peer"]["gbytes_per_sec"][way]),
+            f(&r["ratio"][way])
+        );
+    }
+    println!("  peer: {}", r["peer"]["name"].as_str().unwrap_or("?"));
+    if let Some(points) = r["transfers"]["points"].as_array() {
+        println!("  writes by message size (GB/s): staged, direct");
+        for p in points {
+            println!(
+                "  {:>8} {:>8} {:>8}",
+                p["message_bytes"],
+                f(&p["staged_gbytes_per_sec"]),
+                f(&p["direct_gbytes_per_sec"])
+            );
+        }
+    }
+    if let Some(v) = r["verified"].as_bool() {
+        println!("  verified: {v}");
+    }
+    let params = json!({
+        "memory": a.memory, "size": size, "verify": a.verify, "gpu": a.gpu, "rounds": a.rounds,
+    });
+    emit(cli.json, &Report::new("devices", params, r))
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1721,6 +1795,7 @@ fn main() -> ExitCode {
         Command::Collectives(a) => collectives(&cli, a),
         Command::Pgas(a) => pgas(&cli, a),
         Command::Scale(a) => scale(&cli, a),
+        Command::Devices(a) => devices(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)

@@ -8,6 +8,12 @@
 //! ([`inline_port`]): what the engine writes to the device is handled at
 //! once and the answers become the port's input, with no queue hop, no
 //! task and no wake-up in between.
+//!
+//! A memory device keeps its bytes in host memory ([`Memory`]) or, with
+//! `backend = "gpu"`, in GPU memory ([`gpu::GpuMemory`]); both answer
+//! through [`handle`] by way of [`MemoryStore`]. A GPU device never runs
+//! in the engine thread (a copy blocks for microseconds): it has a thread
+//! of its own on a ring link ([`gpu::spawn`]).
 
 use std::collections::VecDeque;
 
@@ -21,6 +27,20 @@ use uniplane_dataplane::wire::{
 use uniplane_dataplane::{Link, LinkExt, Message, PortClosed, PortIo};
 
 use crate::config::DeviceKind;
+
+pub mod gpu;
+
+/// Byte storage a memory device serves: what [`handle`] needs of host or
+/// GPU memory.
+pub trait MemoryStore {
+    /// Writes `data` at `addr`, or says why not (nothing written):
+    /// [`Status::OutOfRange`] outside the memory, [`Status::PeerFailed`]
+    /// when the memory failed.
+    fn store(&mut self, addr: u64, data: &[u8]) -> Result<(), Status>;
+
+    /// The `len` bytes at `addr`, or why not (as [`MemoryStore::store`]).
+    fn load(&mut self, addr: u64, len: usize) -> Result<Bytes, Status>;
+}
 
 /// The device's memory: bounds-checked byte access.
 #[derive(Debug)]
@@ -60,8 +80,26 @@ impl Memory {
     }
 }
 
+impl MemoryStore for Memory {
+    fn store(&mut self, addr: u64, data: &[u8]) -> Result<(), Status> {
+        self.write(addr, data)
+            .then_some(())
+            .ok_or(Status::OutOfRange)
+    }
+
+    fn load(&mut self, addr: u64, len: usize) -> Result<Bytes, Status> {
+        self.read(addr, len)
+            .map(Bytes::copy_from_slice)
+            .ok_or(Status::OutOfRange)
+    }
+}
+
 /// What a device answers to one message (`None`: nothing).
-pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Message> {
+pub fn handle<M: MemoryStore + ?Sized>(
+    kind: DeviceKind,
+    memory: &mut M,
+    m: Message,
+) -> Option<Message> {
     if kind == DeviceKind::Relay {
         return Some(m);
     }
@@ -86,8 +124,8 @@ pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Messa
             Message::new(reply, m.payload().clone()).ok()
         }
         (ReqType::Write, Params::Memory(p)) => {
-            if !memory.write(p.addr, m.payload()) {
-                return m.error_answer(Status::OutOfRange);
+            if let Err(status) = memory.store(p.addr, m.payload()) {
+                return m.error_answer(status);
             }
             let request = Request::new(
                 ReqType::WriteCmpl,
@@ -103,8 +141,9 @@ pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Messa
             Message::new(reply, Bytes::new()).ok()
         }
         (ReqType::Read, Params::Read(p)) => {
-            let Some(data) = memory.read(p.src_addr, p.length as usize) else {
-                return m.error_answer(Status::OutOfRange);
+            let data = match memory.load(p.src_addr, p.length as usize) {
+                Ok(data) => data,
+                Err(status) => return m.error_answer(status),
             };
             let request = Request::new(
                 ReqType::ReadCmpl,
@@ -117,7 +156,7 @@ pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Messa
             .ok()?;
             let mut reply = Header::new(h.dst, h.src, request);
             reply.seqnum = h.seqnum;
-            Message::new(reply, Bytes::copy_from_slice(data)).ok()
+            Message::new(reply, data).ok()
         }
         (ReqType::Flush, _) => m.error_answer(Status::Ok),
         // A process closing its connection in band: the device holds no
@@ -144,8 +183,17 @@ pub fn handle(kind: DeviceKind, memory: &mut Memory, m: Message) -> Option<Messa
 }
 
 /// Runs a device on `link` until the link closes.
-pub async fn run<L: Link>(kind: DeviceKind, memory_bytes: usize, mut link: L) {
-    let mut memory = Memory::new(memory_bytes);
+pub async fn run<L: Link>(kind: DeviceKind, memory_bytes: usize, link: L) {
+    serve(kind, &mut Memory::new(memory_bytes), link).await
+}
+
+/// Serves `memory` as a `kind` device on `link` until the link closes,
+/// a burst of messages per wake-up.
+pub async fn serve<M: MemoryStore + ?Sized, L: Link>(
+    kind: DeviceKind,
+    memory: &mut M,
+    mut link: L,
+) {
     let mut inbox = Vec::with_capacity(64);
     let mut outbox = VecDeque::with_capacity(64);
     loop {
@@ -154,7 +202,7 @@ pub async fn run<L: Link>(kind: DeviceKind, memory_bytes: usize, mut link: L) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        outbox.extend(inbox.drain(..).filter_map(|m| handle(kind, &mut memory, m)));
+        outbox.extend(inbox.drain(..).filter_map(|m| handle(kind, memory, m)));
         if !outbox.is_empty() && link.send_batch(&mut outbox).await.is_err() {
             return;
         }
@@ -378,6 +426,35 @@ mod tests {
             .map(|a| a.header().seqnum)
             .collect();
         assert_eq!(order, [2, 3]);
+    }
+
+    /// Memory that has failed, as a GPU whose copy failed answers.
+    struct Failed;
+
+    impl MemoryStore for Failed {
+        fn store(&mut self, _: u64, _: &[u8]) -> Result<(), Status> {
+            Err(Status::PeerFailed)
+        }
+
+        fn load(&mut self, _: u64, _: usize) -> Result<Bytes, Status> {
+            Err(Status::PeerFailed)
+        }
+    }
+
+    #[test]
+    fn failed_memory_answers_the_caller_with_its_status() {
+        let w = Message::write(
+            uid("1.1.1.1:5"),
+            uid("1.1.1.1:1").at(0),
+            Bytes::from_static(b"abcd"),
+        )
+        .unwrap();
+        let r = Message::read(uid("1.1.1.1:5").at(0), uid("1.1.1.1:1").at(0), 4).unwrap();
+        for m in [w, r] {
+            let answer = handle(DeviceKind::Memory, &mut Failed, m).unwrap();
+            assert_eq!(answer.header().status(), Status::PeerFailed);
+            assert_eq!(answer.header().dst, uid("1.1.1.1:5"), "back to the caller");
+        }
     }
 
     #[test]

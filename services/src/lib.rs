@@ -15,6 +15,7 @@ pub mod devices;
 pub mod manual;
 pub mod plane;
 pub mod seal;
+pub mod transfer;
 
 pub use config::Config;
 pub use daemon::{Daemon, DaemonError, ReloadError};

@@ -5,6 +5,8 @@
 //! `/run/uniplane` when its socket is there, else
 //! `$XDG_RUNTIME_DIR/uniplane`, else `/tmp/uniplane-$UID`.
 
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,6 +15,7 @@ use serde_json::{json, Value};
 use uniplane_client::protocol::Request;
 use uniplane_client::{Client, ClientError};
 use uniplane_dataplane::{Endpoint, MemoryAddress};
+use uniplane_services::transfer;
 
 /// Operate a uniplane host daemon.
 #[derive(Parser)]
@@ -105,21 +108,29 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         interval_ms: u64,
     },
-    /// One-sided write of data at SERVER:DEVICE@ADDR.
+    /// One-sided write at SERVER:DEVICE@ADDR of a string or a file (in
+    /// messages of at most the path's MTU, several in flight).
     Write {
         /// Target memory address.
         address: MemoryAddress,
         /// The bytes to write.
+        #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+        data: Option<String>,
+        /// A file whose bytes to write.
         #[arg(long)]
-        data: String,
+        file: Option<PathBuf>,
     },
-    /// One-sided read of LEN bytes at SERVER:DEVICE@ADDR.
+    /// One-sided read of LEN bytes at SERVER:DEVICE@ADDR (in messages of
+    /// at most the path's MTU, several in flight), shown or saved.
     Read {
         /// Source memory address.
         address: MemoryAddress,
         /// Bytes to read.
         #[arg(long)]
-        len: u16,
+        len: u64,
+        /// Saves the bytes in this file instead of showing them.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -302,19 +313,54 @@ async fn run(args: &Args) -> Result<(), ClientError> {
             size,
             interval_ms,
         } => return ping(client, target, *count, *size, *interval_ms, args.json).await,
-        Command::Write { address, data } => {
+        Command::Write {
+            address,
+            data,
+            file,
+        } => {
+            let bytes = match (data, file) {
+                (Some(data), _) => Bytes::from(data.clone().into_bytes()),
+                (None, Some(file)) => {
+                    Bytes::from(std::fs::read(file).map_err(|e| ClientError::Daemon {
+                        kind: "write".into(),
+                        message: format!("{}: {e}", file.display()),
+                    })?)
+                }
+                (None, None) => unreachable!("clap requires --data or --file"),
+            };
+            let mtu = path_mtu(&client, address.uid.server()).await?;
             let s = client.attach("uniplane-cli").await?;
-            s.write(*address, Bytes::from(data.clone().into_bytes()))
-                .await?;
+            let started = Instant::now();
+            let messages = transfer::write(&s, *address, bytes.clone(), mtu).await?;
             print(
                 args.json,
-                &json!({ "written": data.len(), "at": address.to_string() }),
+                &json!({
+                    "written": bytes.len(), "at": address.to_string(),
+                    "messages": messages, "seconds": started.elapsed().as_secs_f64(),
+                }),
             );
             return Ok(());
         }
-        Command::Read { address, len } => {
+        Command::Read { address, len, out } => {
+            let mtu = path_mtu(&client, address.uid.server()).await?;
             let s = client.attach("uniplane-cli").await?;
-            let bytes = s.read(*address, *len).await?;
+            let started = Instant::now();
+            let bytes = transfer::read(&s, *address, *len, mtu).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            if let Some(out) = out {
+                std::fs::write(out, &bytes).map_err(|e| ClientError::Daemon {
+                    kind: "read".into(),
+                    message: format!("{}: {e}", out.display()),
+                })?;
+                print(
+                    args.json,
+                    &json!({
+                        "at": address.to_string(), "len": bytes.len(),
+                        "out": out.display().to_string(), "seconds": seconds,
+                    }),
+                );
+                return Ok(());
+            }
             let text = String::from_utf8_lossy(&bytes).to_string();
             print(
                 args.json,
@@ -503,6 +549,25 @@ fn print(as_json: bool, v: &Value) {
         }
         other => println!("{other}"),
     }
+}
+
+/// Largest payload one message to `server` carries: a local device takes
+/// the largest there is; a peer its tunnels' (as `uniplane status` shows
+/// it); a server further away the smallest of all the peers'.
+async fn path_mtu(client: &Client, server: Ipv4Addr) -> Result<usize, ClientError> {
+    let status = client.request(&Request::Status).await?;
+    if status["server"].as_str() == Some(server.to_string().as_str()) {
+        return Ok(uniplane_dataplane::Message::MAX_PAYLOAD);
+    }
+    let peers = status["peers"].as_array().cloned().unwrap_or_default();
+    let mtu_of = |p: &Value| p["tunnel_mtu"].as_u64().map(|m| m as usize);
+    let direct = peers
+        .iter()
+        .find(|p| p["server"].as_str() == Some(server.to_string().as_str()))
+        .and_then(mtu_of);
+    Ok(direct
+        .or_else(|| peers.iter().filter_map(mtu_of).min())
+        .unwrap_or(uniplane_services::transfer::SMALLEST_MTU))
 }
 
 async fn listen(client: Client, port: u16, count: u64, as_json: bool) -> Result<(), ClientError> {

@@ -88,6 +88,11 @@ pub const TABLE_CAPACITY: Bounds = Bounds::new(1, 1 << 20);
 pub const DEVICE: Bounds = Bounds::new(1, u16::MAX as u64);
 /// `devices.memory`: bytes of memory one device serves.
 pub const DEVICE_MEMORY: Bounds = Bounds::new(0, 1 << 30).note("1 GiB");
+/// `devices.gpu`: a CUDA device ordinal.
+pub const GPU: Bounds = Bounds::new(0, 63);
+/// `devices.direct_from`: payload bytes from which `transfer = "auto"`
+/// copies direct (0: always; above the largest payload: never).
+pub const DIRECT_FROM: Bounds = Bounds::new(0, 1 << 20).note("1 MiB");
 /// `failure.heartbeat_ms`: milliseconds between heartbeats.
 pub const HEARTBEAT_MS: Bounds = Bounds::new(1, 60_000).note("1 minute");
 /// `failure.misses`: silent heartbeat intervals that declare a peer failed.

@@ -712,3 +712,117 @@ fn engine_shards_and_cpus_parse_and_bad_ones_are_refused() {
         "c.toml:2:12: field `engine.cpus`: -1 is out of range 0..=1023"
     );
 }
+const MEMORY_DEVICE: &str = "[[devices]]\nname = \"m\"\nkind = \"memory\"\nmemory = 4096\n";
+
+#[test]
+fn a_memory_device_is_in_host_memory_unless_the_file_says_gpu() {
+    let c = Config::parse(MEMORY_DEVICE, "c.toml").unwrap();
+    assert_eq!(c.devices[0].backend, MemoryBackend::Host);
+    let c = Config::parse(&format!("{MEMORY_DEVICE}backend = \"host\"\n"), "c.toml").unwrap();
+    assert_eq!(c.devices[0].backend, MemoryBackend::Host);
+}
+
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn a_gpu_backend_is_refused_by_a_build_without_the_gpu_feature() {
+    let err = refused(&format!("{MEMORY_DEVICE}backend = \"gpu\"\n"));
+    assert_eq!(
+        err.to_string(),
+        "c.toml:5:11: field `devices.backend`: `gpu`: this daemon was built without the \
+         gpu feature (build with `--features gpu`)"
+    );
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn a_gpu_backend_takes_its_ordinal_transfer_and_crossover() {
+    let c = Config::parse(&format!("{MEMORY_DEVICE}backend = \"gpu\"\n"), "c.toml").unwrap();
+    assert_eq!(
+        c.devices[0].backend,
+        MemoryBackend::Gpu(GpuMemoryConfig {
+            ordinal: 0,
+            transfer: Transfer::Auto,
+            direct_from: DEFAULT_DIRECT_FROM,
+        })
+    );
+    let text = format!(
+        "{MEMORY_DEVICE}backend = \"gpu\"\ngpu = 3\ntransfer = \"auto\"\ndirect_from = 8192\n"
+    );
+    let c = Config::parse(&text, "c.toml").unwrap();
+    assert_eq!(
+        c.devices[0].backend,
+        MemoryBackend::Gpu(GpuMemoryConfig {
+            ordinal: 3,
+            transfer: Transfer::Auto,
+            direct_from: 8192,
+        })
+    );
+    for (name, transfer) in [("staged", Transfer::Staged), ("direct", Transfer::Direct)] {
+        let text = format!("{MEMORY_DEVICE}backend = \"gpu\"\ntransfer = \"{name}\"\n");
+        let c = Config::parse(&text, "c.toml").unwrap();
+        let MemoryBackend::Gpu(g) = c.devices[0].backend else {
+            panic!("{:?}", c.devices[0].backend)
+        };
+        assert_eq!(g.transfer, transfer);
+    }
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_settings_out_of_range_or_unknown_are_refused_with_the_field() {
+    let gpu = format!("{MEMORY_DEVICE}backend = \"gpu\"\n");
+    let cases = [
+        (
+            format!("{gpu}gpu = 64\n"),
+            "c.toml:6:7: field `devices.gpu`: 64 is out of range 0..=63",
+        ),
+        (
+            format!("{gpu}gpu = -1\n"),
+            "c.toml:6:7: field `devices.gpu`: -1 is out of range 0..=63",
+        ),
+        (
+            format!("{gpu}transfer = \"dma\"\n"),
+            "c.toml:6:12: field `devices.transfer`: `dma`: expected \"auto\", \"staged\" or \"direct\"",
+        ),
+        (
+            format!("{gpu}direct_from = 2000000\n"),
+            "c.toml:6:15: field `devices.direct_from`: 2000000 is out of range 0..=1048576 (1 MiB)",
+        ),
+        (
+            format!("{gpu}transfer = \"staged\"\ndirect_from = 4096\n"),
+            "c.toml:7:15: field `devices.direct_from`: only `transfer = \"auto\"` has a crossover",
+        ),
+        (
+            "[[devices]]\nname = \"m\"\nkind = \"memory\"\nbackend = \"gpu\"\n".to_owned(),
+            "c.toml:4:11: field `devices.backend`: a gpu memory device needs `memory` (bytes) above 0",
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(refused(&text).to_string(), expected, "{text}");
+    }
+}
+
+#[test]
+fn a_backend_is_refused_where_it_means_nothing() {
+    let cases = [
+        (
+            format!("{MEMORY_DEVICE}backend = \"disk\"\n"),
+            "c.toml:5:11: field `devices.backend`: `disk`: expected \"host\" or \"gpu\"",
+        ),
+        (
+            "[[devices]]\nname = \"e\"\nkind = \"echo\"\nbackend = \"host\"\n".to_owned(),
+            "c.toml:4:11: field `devices.backend`: only a `kind = \"memory\"` device has a backend",
+        ),
+        (
+            format!("{MEMORY_DEVICE}gpu = 1\n"),
+            "c.toml:5:7: field `devices.gpu`: only a `backend = \"gpu\"` device takes it",
+        ),
+        (
+            format!("{MEMORY_DEVICE}backend = \"host\"\ntransfer = \"staged\"\n"),
+            "c.toml:6:12: field `devices.transfer`: only a `backend = \"gpu\"` device takes it",
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(refused(&text).to_string(), expected, "{text}");
+    }
+}

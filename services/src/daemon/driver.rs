@@ -23,7 +23,7 @@ use uniplane_overlay::{IoSlot, PlaneOp, PortId, PortKind};
 use super::observe::SetupHistogram;
 use super::underlay;
 use super::{ClientOutcome, DaemonError, Input, Shared, UnderlayChange};
-use crate::config::UnderlayConfig;
+use crate::config::{MemoryBackend, UnderlayConfig};
 use crate::control::{conn_spec, PeerRequest};
 use uniplane_overlay::PlaneReply;
 
@@ -388,6 +388,10 @@ impl Driver {
                         .iter()
                         .find(|d| d.name == spec.name)
                     {
+                        // A GPU copy blocks: a thread of its own, on a ring.
+                        Some(d) if d.backend != MemoryBackend::Host => {
+                            (PlaneOp::Attach(spec), None)
+                        }
                         Some(d) => {
                             let slot = IoSlot::new(crate::devices::inline_port(d.kind, d.memory));
                             (PlaneOp::AttachIo(spec, slot), Some(PortLink::Inline))
@@ -415,6 +419,22 @@ impl Driver {
                 let Some(d) = self.shared.config.devices.iter().find(|d| d.name == name) else {
                     return;
                 };
+                if d.backend != MemoryBackend::Host {
+                    let memory = self
+                        .shared
+                        .gpu_memories
+                        .lock()
+                        .ok()
+                        .and_then(|mut m| m.remove(&name));
+                    let Some(memory) = memory else {
+                        tracing::warn!(device = %name, "a gpu device attached twice");
+                        return;
+                    };
+                    if let Err(e) = crate::devices::gpu::spawn(memory, d.kind, &name, ring) {
+                        tracing::error!(device = %name, error = %e, "no thread for a gpu device");
+                    }
+                    return;
+                }
                 let task = tokio::spawn(crate::devices::run(d.kind, d.memory, ring));
                 self.bridges.insert(port, task.abort_handle());
             }

@@ -76,6 +76,14 @@ pub enum DaemonError {
     /// The runtime directory is another user's or open to others.
     #[error(transparent)]
     RuntimeDir(#[from] uniplane_client::RuntimeDirError),
+    /// A device's memory could not be opened.
+    #[error("device `{device}`: {source}")]
+    Device {
+        /// The device's name.
+        device: String,
+        /// Why.
+        source: crate::devices::gpu::GpuError,
+    },
     /// A stack could not listen.
     #[error("stack {stack}: {source}")]
     Stack {
@@ -189,6 +197,10 @@ struct Shared {
     secret: Option<crate::auth::Key>,
     /// What was refused from outside.
     security: security::Security,
+    /// GPU memory opened at the start, taken by its device's port.
+    gpu_memories: Mutex<std::collections::HashMap<String, crate::devices::gpu::GpuMemory>>,
+    /// Each GPU memory device's counters and state, by name.
+    gpu_stats: Vec<(String, Arc<crate::devices::gpu::GpuStats>)>,
 }
 
 impl Shared {
@@ -268,6 +280,22 @@ impl Daemon {
             .as_deref()
             .map(crate::auth::Key::load)
             .transpose()?;
+        // GPU memory is allocated before anything listens: a missing
+        // driver, GPU or memory refuses the start with the reason.
+        let mut gpu_memories = std::collections::HashMap::new();
+        let mut gpu_stats = Vec::new();
+        for d in &config.devices {
+            if let crate::config::MemoryBackend::Gpu(gpu) = d.backend {
+                let stats = Arc::new(crate::devices::gpu::GpuStats::default());
+                let memory = crate::devices::gpu::GpuMemory::open(d.memory, gpu, stats.clone())
+                    .map_err(|source| DaemonError::Device {
+                        device: d.name.clone(),
+                        source,
+                    })?;
+                gpu_memories.insert(d.name.clone(), memory);
+                gpu_stats.push((d.name.clone(), stats));
+            }
+        }
         let core_config = control_config(&config, &stacks);
         let (inputs, rx) = mpsc::channel(4096);
         let shared = Arc::new(Shared {
@@ -281,6 +309,8 @@ impl Daemon {
             next_session: AtomicU64::new(1),
             secret,
             security: security::Security::new(),
+            gpu_memories: Mutex::new(gpu_memories),
+            gpu_stats,
             config,
         });
         let mut driver = driver::Driver::new(shared.clone(), core_config, rx);

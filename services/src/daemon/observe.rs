@@ -45,8 +45,18 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
                     json!({ "class": class, "port": port, "stack": stack })
                 })
                 .collect();
+            // The largest payload its tunnels carry (the smallest of its
+            // stacks', as the core has it).
+            let tunnel_mtu = conf.and_then(|c| {
+                std::iter::once(&c.stack)
+                    .chain(c.pins.iter().map(|x| &x.stack))
+                    .filter_map(|name| shared.stacks.iter().find(|s| s.name() == name))
+                    .map(|s| super::tunnel_mtu(s.as_ref()))
+                    .min()
+            });
             json!({
                 "server": p.server.to_string(), "address": address,
+                "tunnel_mtu": tunnel_mtu,
                 "alive": p.alive, "failures": p.failures,
                 "tunnels": tunnels,
                 "underlay": underlay,
@@ -65,8 +75,39 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
         "plane": shared.plane.kind(),
         "engine": { "shards": shared.config.shards, "cpus": shared.config.cpus },
         "peers": peers,
+        "devices": devices_json(shared),
         "classes": classes_json(&d.underlay),
     })
+}
+
+/// The configured devices, with each GPU memory device's state and copies.
+fn devices_json(shared: &super::Shared) -> serde_json::Value {
+    use crate::config::MemoryBackend;
+    json!(shared
+        .config
+        .devices
+        .iter()
+        .map(|d| {
+            let mut v = json!({
+                "name": d.name,
+                "kind": format!("{:?}", d.kind).to_lowercase(),
+                "memory": d.memory,
+                "backend": match d.backend { MemoryBackend::Host => "host", MemoryBackend::Gpu(_) => "gpu" },
+                "state": "up",
+            });
+            if let MemoryBackend::Gpu(g) = d.backend {
+                v["gpu"] = json!(g.ordinal);
+                v["transfer"] = json!(g.transfer.name());
+                v["direct_from"] = json!(g.direct_from);
+                if let Some((_, stats)) = shared.gpu_stats.iter().find(|(n, _)| *n == d.name) {
+                    if let (Some(v), serde_json::Value::Object(s)) = (v.as_object_mut(), stats.json()) {
+                        v.extend(s);
+                    }
+                }
+            }
+            v
+        })
+        .collect::<Vec<_>>())
 }
 
 /// A peer's underlay counters.

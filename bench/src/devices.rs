@@ -1,0 +1,402 @@
+//! `devices`: a memory device through a daemon, beside the copy it stands
+//! for.
+//!
+//! ```text
+//!  this process
+//!  ┌ session ──WRTE × N/64 KiB, 32 in flight──► daemon ──► memory device ─┐
+//!  │         ◄─READ answers───────────────────  (engine)   host: a Vec     │
+//!  │                                                       gpu: a thread,  │
+//!  │                                                       staged|direct   │
+//!  └ peer, same bytes: memcpy (host) | cuMemcpyHtoD/DtoH from pinned (gpu) ┘
+//! ```
+//!
+//! A daemon starts inside this process (its own runtime directory, no
+//! network listeners) with one memory device of the backend asked for
+//! (`--memory host|gpu`) and `--size` bytes. The benchmark writes those
+//! bytes into it in messages of the largest payload, 32 in flight (the
+//! CLI's `uniplane write --file`), reads them back the same way, and with
+//! `--verify` compares. Each of `--rounds` rounds is timed; the median is
+//! reported, as bytes per second of payload, and as a ratio to the peer
+//! measured in the same run on the same bytes: `memcpy` for host memory,
+//! the driver's own host-to-device (and device-to-host) copy from pinned
+//! memory for GPU memory, which is as fast as those bytes can reach the
+//! GPU at all.
+//!
+//! For GPU memory it also writes the same bytes through a `staged` and a
+//! `direct` device at several message sizes, so the crossover that
+//! `transfer = "auto"`'s `direct_from` should sit at shows.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use uniplane_client::{Client, Session};
+use uniplane_dataplane::{MemoryAddress, Message};
+use uniplane_services::transfer;
+
+use crate::path::{client_err, scratch_dir};
+use crate::BenchError;
+
+/// Where the device keeps its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Host memory (`backend = "host"`).
+    Host,
+    /// GPU memory (`backend = "gpu"`, needs the `gpu` feature).
+    Gpu,
+}
+
+impl MemoryKind {
+    /// Its name on the command line and in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Host => "host",
+            MemoryKind::Gpu => "gpu",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct DevicesConfig {
+    /// The backend.
+    pub memory: MemoryKind,
+    /// Bytes written and read back per round (also the device's size).
+    pub size: usize,
+    /// Compare what was read with what was written.
+    pub verify: bool,
+    /// The CUDA ordinal for GPU memory.
+    pub gpu: u32,
+    /// Timed rounds (the median is reported).
+    pub rounds: usize,
+}
+
+/// Message sizes of the staged/direct sweep.
+const SWEEP: [usize; 5] = [4096, 8192, 16384, 32768, Message::MAX_PAYLOAD];
+
+/// Bytes each point of the sweep writes, at most.
+const SWEEP_BYTES: usize = 64 << 20;
+
+/// The device numbers: the one measured, then the sweep's.
+const MEASURED: u16 = 2;
+const STAGED: u16 = 3;
+const DIRECT: u16 = 4;
+
+fn daemon_config(cfg: &DevicesConfig, dir: &Path) -> Result<uniplane_services::Config, BenchError> {
+    let mut text = String::from("[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n");
+    let device = |device: u16, size: usize, extra: &str| {
+        format!(
+            "\n[[devices]]\nname = \"mem{device}\"\nkind = \"memory\"\ndevice = {device}\n\
+             memory = {size}\n{extra}"
+        )
+    };
+    match cfg.memory {
+        MemoryKind::Host => text.push_str(&device(MEASURED, cfg.size, "")),
+        MemoryKind::Gpu => {
+            let gpu = |transfer: &str| {
+                format!(
+                    "backend = \"gpu\"\ngpu = {}\ntransfer = \"{transfer}\"\n",
+                    cfg.gpu
+                )
+            };
+            let sweep = cfg.size.min(SWEEP_BYTES);
+            text.push_str(&device(MEASURED, cfg.size, &gpu("auto")));
+            text.push_str(&device(STAGED, sweep, &gpu("staged")));
+            text.push_str(&device(DIRECT, sweep, &gpu("direct")));
+        }
+    }
+    let mut config = uniplane_services::Config::parse(&text, "devices")
+        .map_err(|e| BenchError::Config(format!("the daemon's configuration: {e}")))?;
+    config.runtime_dir = Some(dir.to_owned());
+    Ok(config)
+}
+
+fn at(device: u16) -> MemoryAddress {
+    MemoryAddress {
+        uid: uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, device),
+        addr: 0,
+    }
+}
+
+/// `len` bytes of a pattern no shifted copy of itself matches.
+fn pattern(len: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn gbytes_per_sec(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64().max(1e-9) / 1e9
+}
+
+/// Median seconds of `rounds` runs of `f`.
+fn timed(
+    rounds: usize,
+    mut f: impl FnMut() -> Result<(), BenchError>,
+) -> Result<Duration, BenchError> {
+    let mut secs = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        f()?;
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    Ok(Duration::from_secs_f64(median(secs)))
+}
+
+/// Runs the benchmark; the `results` of its report.
+pub fn run_devices(cfg: &DevicesConfig) -> Result<Value, BenchError> {
+    if cfg.size == 0 {
+        return Err(BenchError::Config("--size must be above 0".into()));
+    }
+    let dir = scratch_dir("devices")?;
+    let result = measure(cfg, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn measure(cfg: &DevicesConfig, dir: &Path) -> Result<Value, BenchError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| BenchError::Thread {
+            what: "daemon",
+            source,
+        })?;
+    let config = daemon_config(cfg, dir)?;
+    let (_daemon, client, session) = runtime.block_on(async {
+        let (daemon, client) = uniplane_services::client::embedded(config, dir)
+            .await
+            .map_err(|e| BenchError::Config(format!("the daemon: {e}")))?;
+        let session = Client::connect(dir)
+            .await
+            .map_err(client_err)?
+            .attach("devices-bench")
+            .await
+            .map_err(client_err)?;
+        Ok::<_, BenchError>((daemon, client, session))
+    })?;
+
+    let data = Bytes::from(pattern(cfg.size));
+    let mtu = Message::MAX_PAYLOAD;
+    let write = |device: u16, bytes: Bytes, mtu: usize| {
+        runtime
+            .block_on(transfer::write(&session, at(device), bytes, mtu))
+            .map(drop)
+            .map_err(|e| BenchError::Config(format!("write: {e}")))
+    };
+    let read = |session: &Session, len: usize| {
+        runtime
+            .block_on(transfer::read(session, at(MEASURED), len as u64, mtu))
+            .map_err(|e| BenchError::Config(format!("read: {e}")))
+    };
+    // One untimed round: first touches of the memory are not the figure.
+    write(MEASURED, data.clone(), mtu)?;
+    let write_time = timed(cfg.rounds, || write(MEASURED, data.clone(), mtu))?;
+    let mut back = Vec::new();
+    let read_time = timed(cfg.rounds, || {
+        back = read(&session, cfg.size)?;
+        Ok(())
+    })?;
+    let verified = cfg.verify.then(|| back == data.as_ref());
+    if verified == Some(false) {
+        return Err(BenchError::Config(format!(
+            "--verify: the {} bytes read back differ from those written",
+            cfg.size
+        )));
+    }
+
+    let (peer_name, peer_write, peer_read) = match cfg.memory {
+        MemoryKind::Host => {
+            let (w, r) = memcpy_peer(cfg.size, cfg.rounds);
+            ("memcpy", w, r)
+        }
+        MemoryKind::Gpu => {
+            let (w, r) = gpu_peer(cfg)?;
+            ("cuMemcpyHtoD/DtoH from pinned host memory", w, r)
+        }
+    };
+    let write_gbs = gbytes_per_sec(cfg.size, write_time);
+    let read_gbs = gbytes_per_sec(cfg.size, read_time);
+
+    let mut results = json!({
+        "memory": cfg.memory.name(),
+        "bytes": cfg.size,
+        "message_bytes": mtu,
+        "messages": cfg.size.div_ceil(mtu),
+        "window": transfer::WINDOW,
+        "rounds": cfg.rounds.max(1),
+        "write_seconds": write_time.as_secs_f64(),
+        "read_seconds": read_time.as_secs_f64(),
+        "gbytes_per_sec": { "write": write_gbs, "read": read_gbs },
+        "peer": {
+            "name": peer_name,
+            "gbytes_per_sec": { "write": peer_write, "read": peer_read },
+        },
+        "ratio": { "write": write_gbs / peer_write, "read": read_gbs / peer_read },
+        "verified": verified,
+    });
+    if cfg.memory == MemoryKind::Gpu {
+        let sweep_bytes = cfg.size.min(SWEEP_BYTES);
+        let sweep_data = data.slice(..sweep_bytes);
+        let mut points = Vec::new();
+        for message in SWEEP.into_iter().filter(|&m| m <= sweep_bytes) {
+            let mut point = json!({ "message_bytes": message });
+            for (name, device) in [("staged", STAGED), ("direct", DIRECT)] {
+                write(device, sweep_data.clone(), message)?;
+                let t = timed(cfg.rounds, || write(device, sweep_data.clone(), message))?;
+                point[format!("{name}_gbytes_per_sec")] = json!(gbytes_per_sec(sweep_bytes, t));
+            }
+            points.push(point);
+        }
+        let crossover = points
+            .iter()
+            .find(|p| p["direct_gbytes_per_sec"].as_f64() >= p["staged_gbytes_per_sec"].as_f64())
+            .map(|p| p["message_bytes"].clone());
+        results["transfers"] = json!({
+            "bytes": sweep_bytes,
+            "points": points,
+            "direct_from": crossover,
+        });
+        let status = runtime
+            .block_on(client.request(&uniplane_services::control::Request::Status))
+            .map_err(client_err)?;
+        results["device_counters"] = status["devices"].clone();
+    }
+    drop(session);
+    Ok(results)
+}
+
+/// memcpy of `size` bytes, host to host, both ways: GB/s (median).
+fn memcpy_peer(size: usize, rounds: usize) -> (f64, f64) {
+    let src = pattern(size);
+    let mut dst = vec![0u8; size];
+    dst.copy_from_slice(&src); // first touch
+    let copy = |from: &[u8], to: &mut [u8]| {
+        let t = timed(rounds, || {
+            to.copy_from_slice(std::hint::black_box(from));
+            Ok(())
+        })
+        .unwrap_or_default();
+        gbytes_per_sec(size, t)
+    };
+    let w = copy(&src, &mut dst);
+    let mut back = vec![0u8; size];
+    let r = copy(&dst, &mut back);
+    (w, r)
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_peer(_cfg: &DevicesConfig) -> Result<(f64, f64), BenchError> {
+    Err(BenchError::Config(
+        "--memory gpu: uniplane-bench was built without the gpu feature (build with `--features gpu`)".into(),
+    ))
+}
+
+/// The driver's own copies of `size` bytes between pinned host memory and
+/// the GPU: GB/s host to device, device to host (median).
+#[cfg(feature = "gpu")]
+fn gpu_peer(cfg: &DevicesConfig) -> Result<(f64, f64), BenchError> {
+    use cudarc::driver::{result, sys};
+    let err = |call: &str| {
+        let call = call.to_owned();
+        move |e: cudarc::driver::DriverError| BenchError::Config(format!("peer: {call}: {:?}", e.0))
+    };
+    // SAFETY: only tries to load the library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(BenchError::Config(
+            "peer: the CUDA driver library (libcuda.so.1) was not found".into(),
+        ));
+    }
+    result::init().map_err(err("cuInit"))?;
+    let device = result::device::get(cfg.gpu as i32).map_err(err("cuDeviceGet"))?;
+    // SAFETY: `device` came from cuDeviceGet; every pointer below is
+    // allocated here with `size` bytes and freed before returning.
+    unsafe {
+        let context =
+            result::primary_ctx::retain(device).map_err(err("cuDevicePrimaryCtxRetain"))?;
+        result::ctx::set_current(context).map_err(err("cuCtxSetCurrent"))?;
+        let size = cfg.size;
+        let gpu = result::malloc_sync(size).map_err(err("cuMemAlloc"))?;
+        let host: *mut u8 = result::malloc_host(size, 0)
+            .map_err(err("cuMemHostAlloc"))?
+            .cast();
+        let pinned = std::slice::from_raw_parts_mut(host, size);
+        pinned.copy_from_slice(&pattern(size));
+        let h2d = timed(cfg.rounds + 1, || {
+            result::memcpy_htod_sync(gpu, &pinned[..]).map_err(err("cuMemcpyHtoD"))
+        });
+        let d2h = timed(cfg.rounds + 1, || {
+            result::memcpy_dtoh_sync(&mut pinned[..], gpu).map_err(err("cuMemcpyDtoH"))
+        });
+        let _ = result::free_host(host.cast());
+        let _ = result::free_sync(gpu);
+        let _ = result::primary_ctx::release(device);
+        Ok((gbytes_per_sec(size, h2d?), gbytes_per_sec(size, d2h?)))
+    }
+}
+
+/// Parses a byte count: digits with an optional K, M or G (powers of 1024).
+pub fn parse_bytes(text: &str) -> Result<usize, BenchError> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let scale: usize = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => {
+            return Err(BenchError::Config(format!(
+                "`{text}`: expected bytes, like 4096, 64K, 256M or 1G"
+            )))
+        }
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| {
+            BenchError::Config(format!(
+                "`{text}`: expected bytes, like 4096, 64K, 256M or 1G"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_bytes("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+        assert!(parse_bytes("12X").is_err());
+        assert!(parse_bytes("M").is_err());
+    }
+
+    #[test]
+    fn the_median_is_the_middle_round() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+    }
+}

@@ -1,0 +1,111 @@
+//! Moving more bytes than one message holds to or from a memory resource:
+//! split into messages of at most the path's MTU, a bounded window of them
+//! in flight at once (each one-sided request waits for its own
+//! completion), the first error ending the transfer.
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use uniplane_client::{ClientError, Session};
+use uniplane_dataplane::{MemoryAddress, Message};
+
+/// One-sided requests in flight at once.
+pub const WINDOW: usize = 32;
+
+/// The smallest payload a tunnel carries: the path MTU to assume when
+/// nothing better is known.
+pub const SMALLEST_MTU: usize = 256;
+
+/// The messages of `len` bytes from `at` in pieces of at most `mtu`:
+/// (offset, address, length).
+fn pieces(
+    at: MemoryAddress,
+    len: u64,
+    mtu: usize,
+) -> Result<impl Iterator<Item = (u64, MemoryAddress, usize)>, ClientError> {
+    let mtu = mtu.clamp(1, Message::MAX_PAYLOAD) as u64;
+    if at.addr.checked_add(len).is_none() {
+        return Err(ClientError::Protocol(format!(
+            "{len} bytes at {at} run past the end of the address space"
+        )));
+    }
+    Ok((0..len.div_ceil(mtu)).map(move |i| {
+        let offset = i * mtu;
+        let address = MemoryAddress {
+            uid: at.uid,
+            addr: at.addr + offset,
+        };
+        (offset, address, (len - offset).min(mtu) as usize)
+    }))
+}
+
+/// Writes `data` at `at`; how many messages it took.
+pub async fn write(
+    session: &Session,
+    at: MemoryAddress,
+    data: Bytes,
+    mtu: usize,
+) -> Result<usize, ClientError> {
+    let pieces: Vec<_> = pieces(at, data.len() as u64, mtu)?.collect();
+    let count = pieces.len();
+    futures_util::stream::iter(pieces)
+        .map(Ok)
+        .try_for_each_concurrent(WINDOW, |(offset, address, len)| {
+            let start = offset as usize;
+            session.write(address, data.slice(start..start + len))
+        })
+        .await?;
+    Ok(count)
+}
+
+/// Reads `len` bytes at `at`.
+pub async fn read(
+    session: &Session,
+    at: MemoryAddress,
+    len: u64,
+    mtu: usize,
+) -> Result<Vec<u8>, ClientError> {
+    let size = usize::try_from(len)
+        .map_err(|_| ClientError::Protocol(format!("{len} bytes do not fit in memory")))?;
+    let mut out = Vec::with_capacity(size);
+    let mut answers = futures_util::stream::iter(pieces(at, len, mtu)?)
+        .map(|(_, address, len)| session.read(address, len as u16))
+        .buffered(WINDOW);
+    while let Some(bytes) = answers.next().await {
+        out.extend_from_slice(&bytes?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_bytes_in_mtu_sized_messages() {
+        let at: MemoryAddress = "10.0.0.1:3@100".parse().unwrap();
+        let p: Vec<_> = pieces(at, 2500, 1000)
+            .unwrap()
+            .map(|(o, a, l)| (o, a.addr, l))
+            .collect();
+        assert_eq!(p, [(0, 100, 1000), (1000, 1100, 1000), (2000, 2100, 500)]);
+        assert_eq!(pieces(at, 0, 1000).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn no_piece_is_larger_than_a_message() {
+        let at: MemoryAddress = "10.0.0.1:3@0".parse().unwrap();
+        assert!(pieces(at, 1 << 20, 1 << 20)
+            .unwrap()
+            .all(|(_, _, l)| l <= Message::MAX_PAYLOAD));
+    }
+
+    #[test]
+    fn a_transfer_past_the_address_space_is_refused() {
+        let at: MemoryAddress = "10.0.0.1:3@0".parse().unwrap();
+        let at = MemoryAddress {
+            addr: u64::MAX - 10,
+            ..at
+        };
+        assert!(pieces(at, 100, 64).is_err());
+    }
+}
