@@ -571,30 +571,12 @@ impl Engine {
 
     fn run(mut self, mode: RunMode, stop: &AtomicBool) -> Engine {
         let epoch = Instant::now();
-        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-        let mut cx = Context::from_waker(&waker);
-        let mut idle = 0u32;
+        let mut idler = Idler::new(mode, false);
         while !stop.load(Ordering::Acquire) {
-            let work = self.step(epoch.elapsed());
-            if work > 0 {
-                idle = 0;
-                continue;
-            }
-            idle = idle.saturating_add(1);
-            match mode {
-                RunMode::BusyPoll => std::hint::spin_loop(),
-                RunMode::SpinThenPark { spins } => {
-                    if idle < spins {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                    if self.arm(&mut cx) {
-                        continue;
-                    }
-                    // Timed, so reassembly timeouts still fire when idle.
-                    std::thread::park_timeout(Duration::from_millis(10));
-                    idle = 0;
-                }
+            if self.step(epoch.elapsed()) > 0 {
+                idler.worked();
+            } else {
+                idler.idle(|cx| self.arm(cx));
             }
         }
         self
@@ -739,6 +721,64 @@ pub enum RunMode {
 }
 
 pub(crate) struct ThreadWaker(pub(crate) Thread);
+
+/// How a plane's thread waits after a pass that moved nothing: spin for a
+/// while, then register its waker wherever it waits and park (timed, so
+/// timeouts still fire), as its [`RunMode`] says.
+pub(crate) struct Idler {
+    mode: RunMode,
+    /// Idle passes in a row.
+    idle: u32,
+    waker: Waker,
+    /// Yield the core when the wakers say work is there but the pass
+    /// found none: the thread waits on another that may share its core.
+    yield_when_ready: bool,
+}
+
+impl Idler {
+    /// An idler for the calling thread.
+    pub(crate) fn new(mode: RunMode, yield_when_ready: bool) -> Self {
+        Idler {
+            mode,
+            idle: 0,
+            waker: Waker::from(Arc::new(ThreadWaker(std::thread::current()))),
+            yield_when_ready,
+        }
+    }
+
+    /// A pass moved something.
+    #[inline]
+    pub(crate) fn worked(&mut self) {
+        self.idle = 0;
+    }
+
+    /// A pass moved nothing: spins, or arms (`arm` registers the waker
+    /// and says whether work turned up meanwhile) and parks. True when it
+    /// parked.
+    pub(crate) fn idle(&mut self, arm: impl FnOnce(&mut Context<'_>) -> bool) -> bool {
+        self.idle = self.idle.saturating_add(1);
+        match self.mode {
+            RunMode::BusyPoll => std::hint::spin_loop(),
+            RunMode::SpinThenPark { spins } => {
+                if self.idle < spins {
+                    std::hint::spin_loop();
+                    return false;
+                }
+                let mut cx = Context::from_waker(&self.waker);
+                if arm(&mut cx) {
+                    if self.yield_when_ready {
+                        std::thread::yield_now();
+                    }
+                    return false;
+                }
+                std::thread::park_timeout(Duration::from_millis(10));
+                self.idle = 0;
+                return true;
+            }
+        }
+        false
+    }
+}
 
 impl Wake for ThreadWaker {
     fn wake(self: Arc<Self>) {

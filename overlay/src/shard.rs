@@ -49,7 +49,8 @@ use uniplane_dataplane::{Message, PortIo, Uid};
 use crate::acl::{AclRule, ConnKey};
 use crate::crossbar::padded;
 use crate::engine::{
-    EngineConfig, EngineHandle, Input, Joined, Outputs, Port, Queues, RunMode, ThreadWaker, Voqs,
+    EngineConfig, EngineHandle, Idler, Input, Joined, Outputs, Port, Queues, RunMode, ThreadWaker,
+    Voqs,
 };
 use crate::plane::{
     ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortSpec,
@@ -492,44 +493,24 @@ impl Shard {
 
     fn run(mut self, mode: RunMode, stop: &AtomicBool) {
         let epoch = Instant::now();
-        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-        let mut cx = Context::from_waker(&waker);
-        let mut idle = 0u32;
+        // A shard that finds work announced but none to do waits on
+        // another shard: it yields the core to it.
+        let mut idler = Idler::new(mode, true);
         let (mut now, mut passes) = (Duration::ZERO, 0u32);
         while !stop.load(Ordering::Acquire) {
             if !self.serve() {
                 return;
             }
             // The clock serves reassembly timeouts (a second by default):
-            // read it every 64 passes, not every pass.
+            // read it every 64 passes, and after a park.
             if passes % 64 == 0 {
                 now = epoch.elapsed();
             }
             passes = passes.wrapping_add(1);
             if self.step(now) > 0 {
-                idle = 0;
-                continue;
-            }
-            idle = idle.saturating_add(1);
-            match mode {
-                RunMode::BusyPoll => std::hint::spin_loop(),
-                RunMode::SpinThenPark { spins } => {
-                    if idle < spins {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                    if self.arm(&mut cx) {
-                        // Waiting on another thread that may share this
-                        // core: let it run.
-                        std::thread::yield_now();
-                        continue;
-                    }
-                    // Commands unpark the thread; timed, so reassembly
-                    // timeouts still fire when idle.
-                    std::thread::park_timeout(Duration::from_millis(10));
-                    idle = 0;
-                    passes = 0;
-                }
+                idler.worked();
+            } else if idler.idle(|cx| self.arm(cx)) {
+                passes = 0;
             }
         }
     }

@@ -1,14 +1,13 @@
 //! The engine as a specification, stepped on a virtual clock so every run
 //! is the same.
 
+mod common;
+
 use std::collections::HashMap;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::task::noop_waker;
-use futures_util::{Sink, Stream};
+use common::{flush, msg, try_recv, try_send, uid};
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::{MsgFlags, ReqType, Status};
@@ -16,49 +15,6 @@ use uniplane_dataplane::{Message, Uid};
 use uniplane_overlay::acl::{AclRule, ConnKey};
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{Engine, EngineConfig, ForwardingPlane, PortId, PortSpec, RunMode};
-
-fn uid(device: u16) -> Uid {
-    Uid::new(std::net::Ipv4Addr::new(10, 0, 0, 1), device)
-}
-
-fn msg(src: u16, dst: u16, seq: u32, len: usize) -> Message {
-    let mut m = Message::send(
-        uid(src).port(1),
-        uid(dst).port(2),
-        Bytes::from(vec![seq as u8; len]),
-    )
-    .unwrap();
-    m.set_seqnum(seq);
-    m
-}
-
-/// Sends without waiting: the message back when the link is full.
-fn try_send(link: &mut RingLink, m: Message) -> Result<(), Message> {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    match Pin::new(&mut *link).poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {
-            Pin::new(&mut *link).start_send(m).unwrap();
-            Ok(())
-        }
-        _ => Err(m),
-    }
-}
-
-fn flush(link: &mut RingLink) {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    let _ = Pin::new(link).poll_flush(&mut cx);
-}
-
-fn try_recv(link: &mut RingLink) -> Option<Message> {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    match Pin::new(link).poll_next(&mut cx) {
-        Poll::Ready(Some(Ok(m))) => Some(m),
-        _ => None,
-    }
-}
 
 /// An engine whose ports 0..n are apps with UIDs 1..=n, every port
 /// routing each UID to its port and admitting everything.

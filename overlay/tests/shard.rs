@@ -3,14 +3,12 @@
 //! under traffic. Shards run on their own threads; every wait here is
 //! bounded by a deadline and ends on a condition, never on a sleep.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures_util::task::noop_waker;
-use futures_util::{Sink, Stream};
+use common::{flush, msg, sender, try_recv, try_send, uid};
 use proptest::prelude::*;
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::Policy;
@@ -23,48 +21,6 @@ use uniplane_overlay::{
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn uid(device: u16) -> Uid {
-    Uid::new(std::net::Ipv4Addr::new(10, 0, 0, 1), device)
-}
-
-fn msg(src: u16, dst: u16, seq: u32, len: usize) -> Message {
-    let mut m = Message::send(
-        uid(src).port(1),
-        uid(dst).port(2),
-        Bytes::from(vec![seq as u8; len]),
-    )
-    .unwrap();
-    m.set_seqnum(seq);
-    m
-}
-
-fn try_send(link: &mut RingLink, m: Message) -> Result<(), Message> {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    match Pin::new(&mut *link).poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {
-            Pin::new(&mut *link).start_send(m).unwrap();
-            Ok(())
-        }
-        _ => Err(m),
-    }
-}
-
-fn flush(link: &mut RingLink) {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    let _ = Pin::new(link).poll_flush(&mut cx);
-}
-
-fn try_recv(link: &mut RingLink) -> Option<Message> {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    match Pin::new(link).poll_next(&mut cx) {
-        Poll::Ready(Some(Ok(m))) => Some(m),
-        _ => None,
-    }
-}
 
 /// Ports 0..n as apps with UIDs 1..=n on `plane`: every port routes each
 /// UID to its port; `deny` lists inputs with no ACL rule (everything they
@@ -210,23 +166,7 @@ fn a_hotspot_across_four_shards_with_tiny_queues_loses_nothing_and_keeps_flow_or
     let senders: Vec<_> = links
         .into_iter()
         .enumerate()
-        .map(|(s, mut link)| {
-            std::thread::spawn(move || {
-                let start = Instant::now();
-                let mut next = 0;
-                while next < PER_SOURCE {
-                    assert!(start.elapsed() < DEADLINE, "sender {s} stuck at {next}");
-                    while next < PER_SOURCE
-                        && try_send(&mut link, msg(s as u16 + 1, 9, next, 8)).is_ok()
-                    {
-                        next += 1;
-                    }
-                    flush(&mut link);
-                    std::thread::yield_now();
-                }
-                link
-            })
-        })
+        .map(|(s, link)| sender(link, s as u16 + 1, 9, PER_SOURCE, 8, DEADLINE))
         .collect();
     let mut last: HashMap<Uid, u32> = HashMap::new();
     let mut received = 0u64;
@@ -344,23 +284,7 @@ fn ports_moved_between_shards_under_traffic_lose_and_reorder_nothing() {
     let senders: Vec<_> = links
         .into_iter()
         .enumerate()
-        .map(|(s, mut link)| {
-            std::thread::spawn(move || {
-                let start = Instant::now();
-                let mut next = 0;
-                while next < PER_SOURCE {
-                    assert!(start.elapsed() < DEADLINE, "sender {s} stuck at {next}");
-                    while next < PER_SOURCE
-                        && try_send(&mut link, msg(s as u16 + 1, 3, next, 16)).is_ok()
-                    {
-                        next += 1;
-                    }
-                    flush(&mut link);
-                    std::thread::yield_now();
-                }
-                link
-            })
-        })
+        .map(|(s, link)| sender(link, s as u16 + 1, 3, PER_SOURCE, 16, DEADLINE))
         .collect();
     let receiver = std::thread::spawn(move || {
         let mut sink = sink;
