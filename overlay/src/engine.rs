@@ -129,6 +129,50 @@ impl Port {
         self.counters
     }
 
+    /// Reads up to `burst` messages from this port (number `pi`) into
+    /// `voqs`, deciding each at its connector.
+    #[inline]
+    pub(crate) fn read<V: Voqs>(
+        &mut self,
+        pi: PortId,
+        translator: &Translator,
+        voqs: &mut V,
+        mtu: &[usize],
+        burst: usize,
+    ) -> usize {
+        let Port {
+            queues,
+            acl,
+            table,
+            counters,
+            ..
+        } = self;
+        let mut input = Input {
+            acl,
+            table,
+            counters,
+            translator,
+            crossbar: voqs,
+            mtu,
+            burst,
+            pi,
+        };
+        input.read(queues)
+    }
+
+    /// Fills this port's output (number `o`) from `from` as its scheduler
+    /// picks.
+    #[inline]
+    pub(crate) fn write<X: Outputs>(&mut self, o: PortId, from: &mut X, now: Duration) -> usize {
+        let Port {
+            queues,
+            reassembler,
+            counters,
+            ..
+        } = self;
+        Engine::fill_output(queues, from, reassembler, counters, o, now)
+    }
+
     /// Drops what waited too long for its other segments.
     pub(crate) fn expire(&mut self, now: Duration) {
         if let Some(r) = self.reassembler.as_mut() {
@@ -188,7 +232,7 @@ impl Outputs for Crossbar {
 }
 
 /// What a connector decided for one message.
-pub(crate) enum Fate {
+enum Fate {
     Forward(PortId),
     Answer(Status),
 }
@@ -249,8 +293,8 @@ impl PortIo for Queues {
 
 /// What reading one input's burst needs, borrowed apart from the port's
 /// queues so that the burst loop is generic over them.
-pub(crate) struct Input<'a, V: Voqs> {
-    pub(crate) acl: &'a AccessControl,
+struct Input<'a, V: Voqs> {
+    acl: &'a AccessControl,
     pub(crate) table: &'a ForwardingTable,
     pub(crate) counters: &'a mut PortCounters,
     pub(crate) translator: &'a Translator,
@@ -264,7 +308,7 @@ impl<V: Voqs> Input<'_, V> {
     /// Reads up to a burst from `q`: each message is forwarded into its
     /// virtual output queue or answered, or the input waits (lossless).
     #[inline]
-    pub(crate) fn read<Q: PortIo + ?Sized>(&mut self, q: &mut Q) -> usize {
+    fn read<Q: PortIo + ?Sized>(&mut self, q: &mut Q) -> usize {
         let pi = self.pi;
         let mut moved = 0;
         while moved < self.burst {
@@ -417,7 +461,7 @@ impl Engine {
 
     /// Decides a message's fate at its input connector.
     #[inline]
-    pub(crate) fn decide(
+    fn decide(
         acl: &AccessControl,
         table: &ForwardingTable,
         translator: &Translator,
@@ -461,43 +505,21 @@ impl Engine {
         let Some(port) = self.ports[pi as usize].as_mut() else {
             return 0;
         };
-        let Port {
-            queues,
-            acl,
-            table,
-            counters,
-            ..
-        } = port;
-        let mut input = Input {
-            acl,
-            table,
-            counters,
-            translator: &self.translator,
-            crossbar: &mut self.crossbar,
-            mtu: &self.mtu,
-            burst: self.config.burst,
-            pi,
-        };
-        input.read(queues)
+        let burst = self.config.burst;
+        port.read(pi, &self.translator, &mut self.crossbar, &self.mtu, burst)
     }
 
     fn write_output(&mut self, o: PortId, now: Duration) -> usize {
         let Some(port) = self.ports[o as usize].as_mut() else {
             return 0;
         };
-        let Port {
-            queues,
-            reassembler,
-            counters,
-            ..
-        } = port;
-        Self::fill_output(queues, &mut self.crossbar, reassembler, counters, o, now)
+        port.write(o, &mut self.crossbar, now)
     }
 
     /// Moves what output `o`'s scheduler picks into `q` while it has room,
     /// then publishes once.
     #[inline]
-    pub(crate) fn fill_output<Q: PortIo + ?Sized, X: Outputs>(
+    fn fill_output<Q: PortIo + ?Sized, X: Outputs>(
         q: &mut Q,
         crossbar: &mut X,
         reassembler: &mut Option<Reassembler>,

@@ -49,8 +49,7 @@ use uniplane_dataplane::{Message, PortIo, Uid};
 use crate::acl::{AclRule, ConnKey};
 use crate::crossbar::padded;
 use crate::engine::{
-    EngineConfig, EngineHandle, Idler, Input, Joined, Outputs, Port, Queues, RunMode, ThreadWaker,
-    Voqs,
+    EngineConfig, EngineHandle, Idler, Joined, Outputs, Port, Queues, RunMode, ThreadWaker, Voqs,
 };
 use crate::plane::{
     ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortSpec,
@@ -413,26 +412,9 @@ impl Shard {
             let Owned {
                 port, row, stalled, ..
             } = o;
-            let Port {
-                queues,
-                acl,
-                table,
-                counters,
-                ..
-            } = port;
-            let mut input = Input {
-                acl,
-                table,
-                counters,
-                translator: &self.translator,
-                crossbar: row,
-                mtu: &self.mtu,
-                burst: self.config.burst,
-                pi,
-            };
-            let before = input.counters.input_stalls;
-            let moved = input.read(queues);
-            *stalled = input.counters.input_stalls != before;
+            let before = port.counters.input_stalls;
+            let moved = port.read(pi, &self.translator, row, &self.mtu, self.config.burst);
+            *stalled = port.counters.input_stalls != before;
             if moved > 0 {
                 row.flush();
             }
@@ -447,14 +429,7 @@ impl Shard {
             if column.refresh() == 0 {
                 continue;
             }
-            let Port {
-                queues,
-                reassembler,
-                counters,
-                ..
-            } = port;
-            work +=
-                crate::engine::Engine::fill_output(queues, column, reassembler, counters, po, now);
+            work += port.write(po, column, now);
             column.release();
         }
         if now.saturating_sub(self.last_expiry) >= Duration::from_millis(1) {
