@@ -179,6 +179,10 @@ struct RawDevice {
     kind: Spanned<String>,
     device: Option<Spanned<i64>>,
     memory: Option<Spanned<i64>>,
+    backend: Option<Spanned<String>>,
+    gpu: Option<Spanned<i64>>,
+    transfer: Option<Spanned<String>>,
+    direct_from: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

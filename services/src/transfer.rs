@@ -4,8 +4,8 @@
 //! completion), the first error ending the transfer.
 
 use bytes::Bytes;
-use futures_util::{StreamExt, TryStreamExt};
 use uniplane_client::{ClientError, Session};
+use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::{MemoryAddress, Message};
 
 /// One-sided requests in flight at once.
@@ -38,26 +38,36 @@ fn pieces(
     }))
 }
 
-/// Writes `data` at `at`; how many messages it took.
+/// Writes `data` at `at`; how many messages it took. The messages carry
+/// slices of `data` (no copy) and go as one batch of one-sided requests
+/// ([`Session::one_sided_batch`]): every WRTE is still acknowledged by
+/// its WRTE_CMPL, and the first failed one fails the transfer.
 pub async fn write(
     session: &Session,
     at: MemoryAddress,
     data: Bytes,
     mtu: usize,
 ) -> Result<usize, ClientError> {
-    let pieces: Vec<_> = pieces(at, data.len() as u64, mtu)?.collect();
-    let count = pieces.len();
-    futures_util::stream::iter(pieces)
-        .map(Ok)
-        .try_for_each_concurrent(WINDOW, |(offset, address, len)| {
-            let start = offset as usize;
-            session.write(address, data.slice(start..start + len))
+    let me = session.uid();
+    let mut bad = None;
+    let requests = pieces(at, data.len() as u64, mtu)?.map_while(|(offset, address, len)| {
+        let start = offset as usize;
+        Message::write(me, address, data.slice(start..start + len))
+            .map_err(|e| bad = Some(ClientError::Protocol(e.to_string())))
+            .ok()
+    });
+    let count = session
+        .one_sided_batch(requests, WINDOW, |_, m| match m.kind() {
+            ReqType::WriteCmpl => Ok(()),
+            other => Err(ClientError::Protocol(format!(
+                "a write answered with {other:?}"
+            ))),
         })
         .await?;
-    Ok(count)
+    bad.map_or(Ok(count), Err)
 }
 
-/// Reads `len` bytes at `at`.
+/// Reads `len` bytes at `at` into a fresh buffer.
 pub async fn read(
     session: &Session,
     at: MemoryAddress,
@@ -66,14 +76,46 @@ pub async fn read(
 ) -> Result<Vec<u8>, ClientError> {
     let size = usize::try_from(len)
         .map_err(|_| ClientError::Protocol(format!("{len} bytes do not fit in memory")))?;
-    let mut out = Vec::with_capacity(size);
-    let mut answers = futures_util::stream::iter(pieces(at, len, mtu)?)
-        .map(|(_, address, len)| session.read(address, len as u16))
-        .buffered(WINDOW);
-    while let Some(bytes) = answers.next().await {
-        out.extend_from_slice(&bytes?);
-    }
+    let mut out = vec![0u8; size];
+    read_into(session, at, &mut out, mtu).await?;
     Ok(out)
+}
+
+/// Fills `out` with the bytes at `at`: each answer is copied once, to its
+/// place, in whatever order the answers come, so a caller that reuses
+/// `out` pays no allocation and no page faults per transfer.
+pub async fn read_into(
+    session: &Session,
+    at: MemoryAddress,
+    out: &mut [u8],
+    mtu: usize,
+) -> Result<(), ClientError> {
+    let size = out.len();
+    let me = session.uid().at(0);
+    let piece = mtu.clamp(1, Message::MAX_PAYLOAD);
+    let mut bad = None;
+    let requests = pieces(at, size as u64, mtu)?.map_while(|(_, address, len)| {
+        Message::read(me, address, len as u16)
+            .map_err(|e| bad = Some(ClientError::Protocol(e.to_string())))
+            .ok()
+    });
+    session
+        .one_sided_batch(requests, WINDOW, |index, m| {
+            let offset = index * piece;
+            let want = piece.min(size - offset);
+            let payload = m.payload();
+            if m.kind() != ReqType::ReadCmpl || payload.len() != want {
+                return Err(ClientError::Protocol(format!(
+                    "a read of {want} bytes answered with {:?} of {} bytes",
+                    m.kind(),
+                    payload.len()
+                )));
+            }
+            out[offset..offset + want].copy_from_slice(payload);
+            Ok(())
+        })
+        .await?;
+    bad.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -103,10 +103,43 @@ pub(crate) struct Routes {
     /// Listening port → accept queue.
     listeners: HashMap<u16, mpsc::Sender<Connection>>,
     /// (answering UID, sequence number) → waiter for a one-sided answer.
-    pending: HashMap<(Uid, u32), oneshot::Sender<Message>>,
+    pending: HashMap<(Uid, u32), Waiter>,
     /// Memory windows peers write to and read from.
     pub(crate) windows: Windows,
 }
+
+/// Who waits for a one-sided answer.
+pub(crate) enum Waiter {
+    /// A single request ([`Session::write`], [`Session::read`]).
+    One(oneshot::Sender<Message>),
+    /// Request `index` of batch `batch` ([`Session::one_sided_batch`]):
+    /// its answers share one queue, so a burst of them wakes the batch
+    /// once.
+    Batch {
+        batch: u64,
+        index: usize,
+        answers: mpsc::Sender<(usize, Message)>,
+    },
+}
+
+impl Waiter {
+    fn deliver(self, m: Message) {
+        match self {
+            Waiter::One(tx) => {
+                let _ = tx.send(m);
+            }
+            // Never full: the queue holds the batch's window.
+            Waiter::Batch { index, answers, .. } => {
+                let _ = answers.try_send((index, m));
+            }
+        }
+    }
+}
+
+/// How long a batch of one-sided requests may go without any answer
+/// before it fails: [`ONE_SIDED_TIMEOUT`], rechecked at most this often
+/// (so the timer is not re-armed per answer).
+const BATCH_TIMER_SLACK: Duration = Duration::from_millis(500);
 
 /// What the session's handles and its data-path task share.
 pub(crate) struct Shared {
@@ -214,7 +247,7 @@ impl Shared {
         m.set_seqnum(seq);
         let key = (m.header().dst, seq);
         let (tx, rx) = oneshot::channel();
-        self.routes().pending.insert(key, tx);
+        self.routes().pending.insert(key, Waiter::One(tx));
         if self.out.send(m).await.is_err() {
             self.routes().pending.remove(&key);
             return Err(ClientError::Link(LinkError::Closed));
@@ -241,6 +274,117 @@ impl Shared {
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let answer = self.one_sided(m).await?;
         Ok(answer.payload().clone())
+    }
+
+    /// See [`Session::one_sided_batch`].
+    async fn one_sided_batch<I, F>(
+        &self,
+        requests: I,
+        window: usize,
+        mut answer: F,
+    ) -> Result<usize, ClientError>
+    where
+        I: IntoIterator<Item = Message>,
+        F: FnMut(usize, Message) -> Result<(), ClientError>,
+    {
+        let window = window.max(1);
+        let batch = self.conn_id();
+        let (tx, mut rx) = mpsc::channel(window);
+        let mut requests = requests.into_iter().enumerate().peekable();
+        let mut answers = Vec::with_capacity(window);
+        let mut in_flight = 0;
+        let mut done = 0;
+        let mut timer = std::pin::pin!(tokio::time::sleep(ONE_SIDED_TIMEOUT));
+        let mut heard = tokio::time::Instant::now();
+        let mut burst = Vec::with_capacity(window);
+        let result = loop {
+            // Fill the window, registering the whole burst under one lock.
+            while in_flight + burst.len() < window {
+                let Some((index, mut m)) = requests.next() else {
+                    break;
+                };
+                let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+                m.set_seqnum(seq);
+                burst.push((index, m));
+            }
+            if !burst.is_empty() {
+                let mut routes = self.routes();
+                for (index, m) in &burst {
+                    let key = (m.header().dst, m.header().seqnum);
+                    let answers = tx.clone();
+                    let index = *index;
+                    routes.pending.insert(
+                        key,
+                        Waiter::Batch {
+                            batch,
+                            index,
+                            answers,
+                        },
+                    );
+                }
+            }
+            in_flight += burst.len();
+            let mut closed = false;
+            for (_, m) in burst.drain(..) {
+                if self.out.send(m).await.is_err() {
+                    closed = true;
+                    break;
+                }
+            }
+            if closed {
+                break Err(ClientError::Link(LinkError::Closed));
+            }
+            if in_flight == 0 {
+                break Ok(done);
+            }
+            answers.clear();
+            let heard_any = std::future::poll_fn(|cx| {
+                if let Poll::Ready(n) = rx.poll_recv_many(cx, &mut answers, window) {
+                    return Poll::Ready(Some(n));
+                }
+                std::future::Future::poll(timer.as_mut(), cx).map(|()| None)
+            })
+            .await;
+            match heard_any {
+                Some(0) => break Err(ClientError::Link(LinkError::Closed)),
+                Some(_) => {}
+                None => {
+                    // Re-armed lazily: the deadline counts from the last
+                    // answer (within the slack).
+                    let deadline = heard + ONE_SIDED_TIMEOUT;
+                    if tokio::time::Instant::now() >= deadline {
+                        break Err(ClientError::Timeout);
+                    }
+                    timer.as_mut().reset(deadline);
+                    continue;
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now.duration_since(heard) > BATCH_TIMER_SLACK {
+                heard = now;
+            }
+            in_flight -= answers.len();
+            done += answers.len();
+            let failed = answers.drain(..).find_map(|(index, m)| {
+                let result = match m.header().status() {
+                    Status::Ok => answer(index, m),
+                    s => Err(ClientError::Status(s)),
+                };
+                result.err()
+            });
+            if let Some(e) = failed {
+                break Err(e);
+            }
+            if requests.peek().is_none() && in_flight == 0 {
+                break Ok(done);
+            }
+        };
+        if in_flight > 0 {
+            self.routes()
+                .pending
+                .retain(|_, w| !matches!(w, Waiter::Batch { batch: b, .. } if *b == batch));
+        }
+        result
     }
 }
 
@@ -458,7 +602,7 @@ fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Opt
         // Only the resource asked may answer: (source, seq), not seq alone.
         let waiter = d.routes().pending.remove(&(h.src, h.seqnum));
         if let Some(w) = waiter {
-            let _ = w.send(m);
+            w.deliver(m);
         }
     } else if h.dst != d.uid {
         tracing::debug!(dst = %h.dst, "one-sided request for another resource");
@@ -678,6 +822,30 @@ impl Session {
         self.shared.read(src, len).await
     }
 
+    /// Sends one-sided `requests` (WRTE, READ, ...; their sequence
+    /// numbers are set here) with at most `window` unanswered at once, and
+    /// hands each answer with the request's index to `answer`, in the
+    /// order the answers arrive. The first error ends the batch: an answer
+    /// whose status is not `Ok`, an error of `answer` itself, no answer at
+    /// all for the one-sided timeout, or the data path closing. Returns
+    /// how many requests were answered.
+    ///
+    /// Unlike as many [`Session::write`]s, a batch allocates nothing and
+    /// arms no timer per request, registers a window's requests under one
+    /// lock, and is woken once per burst of answers.
+    pub async fn one_sided_batch<I, F>(
+        &self,
+        requests: I,
+        window: usize,
+        answer: F,
+    ) -> Result<usize, ClientError>
+    where
+        I: IntoIterator<Item = Message>,
+        F: FnMut(usize, Message) -> Result<(), ClientError>,
+    {
+        self.shared.one_sided_batch(requests, window, answer).await
+    }
+
     /// Registers a zeroed memory window of `len` bytes that peers may
     /// WRITE to and READ from (as far as the daemon's access rules allow
     /// them) at `uid@address`; see [`Window::at`]. The first window of a
@@ -762,6 +930,82 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(result.is_ok(), "{result:?}");
+    }
+
+    /// Three writes to `a` as one batch with a window of two.
+    fn batch_of_three(
+        shared: &Arc<Shared>,
+        a: Uid,
+    ) -> tokio::task::JoinHandle<(Result<usize, ClientError>, Vec<usize>)> {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let requests = (0..3)
+                .map(move |i| Message::write(uid(ME), a.at(i * 8), Bytes::from("x")).unwrap());
+            let mut order = Vec::new();
+            let r = shared
+                .one_sided_batch(requests, 2, |index, _| {
+                    order.push(index);
+                    Ok(())
+                })
+                .await;
+            (r, order)
+        })
+    }
+
+    #[tokio::test]
+    async fn a_batch_keeps_its_window_and_hands_each_answer_its_requests_index() {
+        let (shared, _dropped, mut engine) = session();
+        let a = uid("10.0.0.2:1");
+        let call = batch_of_three(&shared, a);
+        let (first, second) = (next(&mut engine).await, next(&mut engine).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!call.is_finished(), "two in flight, the third waits");
+        // Answered out of order: the second first.
+        for m in [&second, &first] {
+            let seq = m.header().seqnum;
+            engine
+                .send(write_cmpl(a, uid(ME), seq, Status::Ok))
+                .await
+                .unwrap();
+        }
+        let third = next(&mut engine).await;
+        let Params::Memory(p) = *third.header().request.params() else {
+            panic!("not a write");
+        };
+        assert_eq!(p.addr, 16);
+        let seq = third.header().seqnum;
+        engine
+            .send(write_cmpl(a, uid(ME), seq, Status::Ok))
+            .await
+            .unwrap();
+        let (result, order) = call.await.unwrap();
+        assert_eq!(result.unwrap(), 3);
+        assert_eq!(order, [1, 0, 2]);
+        assert!(shared.routes().pending.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_answer_ends_the_batch_with_its_status_and_leaves_no_waiter() {
+        let (shared, _dropped, mut engine) = session();
+        let a = uid("10.0.0.2:1");
+        let call = batch_of_three(&shared, a);
+        let first = next(&mut engine).await;
+        let _second = next(&mut engine).await;
+        let seq = first.header().seqnum;
+        engine
+            .send(write_cmpl(a, uid(ME), seq, Status::OutOfRange))
+            .await
+            .unwrap();
+        let (result, order) = call.await.unwrap();
+        assert!(matches!(
+            result,
+            Err(ClientError::Status(Status::OutOfRange))
+        ));
+        assert!(order.is_empty());
+        assert!(
+            shared.routes().pending.is_empty(),
+            "the second's waiter is gone"
+        );
     }
 
     #[tokio::test]

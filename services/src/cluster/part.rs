@@ -89,6 +89,18 @@ pub(super) fn config(
         if let Some(v) = &d.memory {
             w.int("memory", v, "servers.devices.memory");
         }
+        if let Some(v) = &d.backend {
+            w.string("backend", v, "servers.devices.backend");
+        }
+        if let Some(v) = &d.gpu {
+            w.int("gpu", v, "servers.devices.gpu");
+        }
+        if let Some(v) = &d.transfer {
+            w.string("transfer", v, "servers.devices.transfer");
+        }
+        if let Some(v) = &d.direct_from {
+            w.int("direct_from", v, "servers.devices.direct_from");
+        }
     }
     for l in links.iter().filter(|l| l.a == me || l.b == me) {
         // The other end is this server's peer; what this end accepts

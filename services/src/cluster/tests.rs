@@ -3,7 +3,7 @@
 //! part is the configuration its own file would give.
 
 use super::*;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, MemoryBackend};
 
 /// Two servers linked over TCP, a relay on alpha, a route from alpha to
 /// beta through it.
@@ -455,6 +455,66 @@ secret = "/tmp/test.key"
     )
     .unwrap();
     assert_eq!(c.config_for("10.9.0.2".parse().unwrap()).unwrap(), own);
+}
+
+/// `BASE` with a memory device on beta whose extra fields are `fields`.
+fn with_memory_device(fields: &str) -> String {
+    base_with(
+        "[[links]]",
+        &format!(
+            "[[servers.devices]]\nname = \"mem\"\nkind = \"memory\"\ndevice = 3\n\
+             memory = 4096\n{fields}\n[[links]]"
+        ),
+    )
+}
+
+#[test]
+fn a_memory_devices_backend_reaches_its_servers_part() {
+    let text = with_memory_device("backend = \"host\"");
+    let c = Cluster::parse(&text, "c.toml").unwrap();
+    let beta = c.config_for("10.9.0.2".parse().unwrap()).unwrap();
+    let mem = beta.devices.iter().find(|d| d.name == "mem").unwrap();
+    assert_eq!((mem.memory, mem.backend), (4096, MemoryBackend::Host));
+}
+
+#[test]
+fn a_gpu_field_of_a_host_memory_device_is_refused_at_its_line_in_the_cluster_file() {
+    // Only passed through fields can be refused by the server's own check.
+    for (field, value) in [
+        ("gpu", "0"),
+        ("transfer", "\"staged\""),
+        ("direct_from", "4096"),
+    ] {
+        let text = with_memory_device(&format!("backend = \"host\"\n{field} = {value}"));
+        let (line, column, name, _) = refused(&text);
+        assert_eq!(
+            (line, column, name),
+            (
+                line_of(&text, &format!("{field} = "), 1),
+                field.len() + 4,
+                format!("servers.devices.{field}")
+            )
+        );
+    }
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn a_gpu_memory_devices_settings_reach_its_servers_part() {
+    use crate::config::{GpuMemoryConfig, Transfer};
+    let text =
+        with_memory_device("backend = \"gpu\"\ngpu = 1\ntransfer = \"auto\"\ndirect_from = 8192");
+    let c = Cluster::parse(&text, "c.toml").unwrap();
+    let beta = c.config_for("10.9.0.2".parse().unwrap()).unwrap();
+    let mem = beta.devices.iter().find(|d| d.name == "mem").unwrap();
+    assert_eq!(
+        mem.backend,
+        MemoryBackend::Gpu(GpuMemoryConfig {
+            ordinal: 1,
+            transfer: Transfer::Auto,
+            direct_from: 8192,
+        })
+    );
 }
 
 #[test]
