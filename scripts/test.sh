@@ -20,6 +20,7 @@ NEEDS=(
   "sockperf:sockperf"
   "fc-list:fontconfig"
   "protoc:protobuf-compiler"
+  "etcd:etcd-server"
   "mpicc.openmpi:libopenmpi-dev"
   "mpirun.openmpi:openmpi-bin"
   "mpicc.mpich:libmpich-dev"

@@ -18,6 +18,7 @@ use uniplane_dataplane::Uid;
 pub mod bounds;
 mod error;
 pub mod limits;
+mod registry;
 mod underlay;
 mod unique;
 
@@ -25,6 +26,7 @@ pub use underlay::{ClassConfig, IngressRules, Scheduling, UnderlayConfig, MAX_CL
 
 pub use error::ConfigError;
 pub(crate) use error::Source;
+pub use registry::{EtcdConfig, RegistryConfig};
 
 /// The embedded default configuration (`uniplaned` with no arguments).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
@@ -62,6 +64,8 @@ struct RawConfig {
     underlay: underlay::RawUnderlay,
     #[serde(default)]
     classes: Vec<underlay::RawClass>,
+    #[serde(default)]
+    registry: registry::RawRegistry,
 }
 
 #[derive(Deserialize, Default)]
@@ -489,6 +493,8 @@ pub struct Config {
     pub limits: uniplane_control::Limits,
     /// Traffic classes and how they share each peer's tunnels.
     pub underlay: UnderlayConfig,
+    /// Where names of resources and servers live (`[registry]`).
+    pub registry: RegistryConfig,
 }
 
 impl Config {
@@ -542,6 +548,7 @@ impl Config {
         );
         check(self.secret != new.secret, "cluster.secret");
         check(self.limits != new.limits, "limits");
+        check(self.registry != new.registry, "registry");
         let ids = |c: &Config| c.underlay.classes.iter().map(|k| k.id).collect::<Vec<_>>();
         check(
             self.underlay.queue_depth != new.underlay.queue_depth || ids(self) != ids(new),
@@ -965,6 +972,7 @@ impl Config {
             secret: raw.cluster.secret.clone(),
             limits,
             underlay,
+            registry: registry::parse(&src, &raw.registry)?,
         };
         unique::refuse_clashes(&src, &raw, &config)?;
         Ok(config)

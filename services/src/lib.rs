@@ -13,6 +13,7 @@ pub mod control;
 pub mod daemon;
 pub mod devices;
 pub mod manual;
+pub mod naming;
 pub mod plane;
 pub mod seal;
 pub mod transfer;

@@ -11,6 +11,7 @@ use tokio::net::UnixStream;
 use crate::protocol::{Answer, Attached, Request};
 use crate::runtime::{check_runtime_dir, client_runtime_dir, RuntimeDirError, CONTROL_SOCKET};
 use crate::{ClientError, Session};
+use uniplane_dataplane::Uid;
 
 /// The control socket, shared by a [`Client`] and the background task of
 /// its session (which closes dropped connections through it).
@@ -153,6 +154,20 @@ impl Client {
     /// Sends one control request and returns its result.
     pub async fn request(&self, req: &Request) -> Result<serde_json::Value, ClientError> {
         self.control.request(req).await
+    }
+
+    /// The UID `name` stands for: in the cluster's directory when the
+    /// daemon has one, else among the daemon's own resources (processes
+    /// by the name they attached with, devices as `DEVICE` or
+    /// `DEVICE@SERVER-NAME`).
+    pub async fn resolve(&self, name: &str) -> Result<Uid, ClientError> {
+        let v = self
+            .request(&Request::Resolve { name: name.into() })
+            .await?;
+        v.get("uid")
+            .and_then(|u| u.as_str())
+            .and_then(|u| u.parse().ok())
+            .ok_or_else(|| ClientError::Protocol(format!("resolve answered {v}")))
     }
 
     /// Registers this process as a resource named `name` and opens its

@@ -162,6 +162,21 @@ pub enum Request {
         /// The connection.
         conn: ConnSpec,
     },
+    /// Claims `name` for the attached resource in the cluster's directory
+    /// (`[registry] kind = "etcd"`) until the session ends.
+    Register {
+        /// The name (no `/`, no white space, at most 128 bytes).
+        name: String,
+    },
+    /// The UID a name stands for: in the cluster's directory, or among
+    /// this daemon's resources when it has none.
+    Resolve {
+        /// The name.
+        name: String,
+    },
+    /// The cluster's directory: servers, their leases, names; and how
+    /// this daemon's own claims stand.
+    Directory,
 }
 
 /// Reads one control request line as the daemon does (after it has
@@ -222,6 +237,13 @@ enum RequestIn {
     Close {
         conn: ConnSpecIn,
     },
+    Register {
+        name: String,
+    },
+    Resolve {
+        name: String,
+    },
+    Directory {},
 }
 
 /// [`ConnSpec`] as a control request carries it: no other fields.
@@ -271,6 +293,9 @@ impl From<RequestIn> for Request {
                 dst_port,
                 class,
             },
+            RequestIn::Register { name } => Request::Register { name },
+            RequestIn::Resolve { name } => Request::Resolve { name },
+            RequestIn::Directory {} => Request::Directory,
             RequestIn::Close { conn } => Request::Close {
                 conn: ConnSpec {
                     src: conn.src,

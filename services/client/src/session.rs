@@ -762,6 +762,17 @@ impl Session {
         }
     }
 
+    /// Claims `name` for this resource in the cluster's directory, so
+    /// that any process on any server finds it with [`Client::resolve`];
+    /// held until the session ends. Fails when another resource holds
+    /// the name or the directory cannot be reached.
+    pub async fn register(&self, name: &str) -> Result<(), ClientError> {
+        self.client
+            .request(&Request::Register { name: name.into() })
+            .await
+            .map(|_| ())
+    }
+
     /// Accepts connections to `port`.
     pub async fn listen(&self, port: u16) -> Result<Listener, ClientError> {
         let (tx, rx) = mpsc::channel(64);

@@ -59,8 +59,8 @@ enum Command {
         #[command(subcommand)]
         what: PlaneCommand,
     },
-    /// The cluster's shared secret, and its cluster file (no daemon
-    /// needed).
+    /// The cluster's shared secret and its cluster file (no daemon
+    /// needed); the directory of its servers and names.
     Cluster {
         #[command(subcommand)]
         what: ClusterCommand,
@@ -85,6 +85,18 @@ enum Command {
         /// Stop after this many messages.
         #[arg(long, default_value_t = u64::MAX)]
         count: u64,
+        /// Claim NAME for the listener in the cluster's directory while it
+        /// runs (`[registry] kind = "etcd"`), so `uniplane resolve NAME`
+        /// finds it from any server.
+        #[arg(long, value_name = "NAME")]
+        register: Option<String>,
+    },
+    /// The UID a name stands for: in the cluster's directory, or among
+    /// this daemon's resources when it has none (devices as DEVICE or
+    /// DEVICE@SERVER-NAME).
+    Resolve {
+        /// The name.
+        name: String,
     },
     /// Connects to ENDPOINT (SERVER:DEVICE/PORT) and sends data.
     Send {
@@ -175,6 +187,10 @@ enum ClusterCommand {
         /// The cluster file.
         file: std::path::PathBuf,
     },
+    /// The cluster's directory (`[registry] kind = "etcd"`): registered
+    /// servers with their leases, claimed names, and how this daemon's
+    /// own claims stand.
+    Status,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -243,7 +259,10 @@ async fn run(args: &Args) -> Result<(), ClientError> {
         Command::Connections => Request::Connections,
         Command::Tables { device } => Request::Tables { device: *device },
         Command::Stats => Request::Stats,
-        Command::Cluster { .. } | Command::GenerateManual { .. } => {
+        Command::Cluster {
+            what: ClusterCommand::Keygen { .. } | ClusterCommand::Check { .. },
+        }
+        | Command::GenerateManual { .. } => {
             unreachable!("answered above, without the daemon")
         }
         Command::Plane {
@@ -305,7 +324,23 @@ async fn run(args: &Args) -> Result<(), ClientError> {
             device: *device,
             set: set.clone(),
         },
-        Command::Listen { port, count } => return listen(client, *port, *count, args.json).await,
+        Command::Listen {
+            port,
+            count,
+            register,
+        } => return listen(client, *port, *count, register.as_deref(), args.json).await,
+        Command::Resolve { name } => Request::Resolve { name: name.clone() },
+        Command::Cluster {
+            what: ClusterCommand::Status,
+        } => {
+            let v = client.request(&Request::Directory).await?;
+            if args.json {
+                println!("{v}");
+            } else {
+                print_directory(&v);
+            }
+            return Ok(());
+        }
         Command::Send { endpoint, data } => return send(client, *endpoint, data, args.json).await,
         Command::Ping {
             target,
@@ -570,10 +605,88 @@ async fn path_mtu(client: &Client, server: Ipv4Addr) -> Result<usize, ClientErro
         .unwrap_or(uniplane_services::transfer::SMALLEST_MTU))
 }
 
-async fn listen(client: Client, port: u16, count: u64, as_json: bool) -> Result<(), ClientError> {
-    let session = client.attach("uniplane-listen").await?;
+/// `uniplane cluster status` as text.
+fn print_directory(v: &serde_json::Value) {
+    let text = |v: &serde_json::Value| {
+        v.as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| v.to_string())
+    };
+    println!(
+        "registry: {}   this daemon: {} ({})",
+        text(&v["registry"]),
+        text(&v["server"]),
+        text(&v["name"])
+    );
+    if let Some(e) = v["error"].as_str() {
+        println!("directory: {e}");
+    }
+    if let Some(servers) = v["servers"].as_array() {
+        println!(
+            "\n{:<16} {:<16} {:<22} {:>20} {:>8}",
+            "SERVER", "NAME", "PEER", "LEASE", "TTL(s)"
+        );
+        for s in servers {
+            println!(
+                "{:<16} {:<16} {:<22} {:>20} {:>8}",
+                text(&s["server"]),
+                text(&s["record"]["name"]),
+                text(&s["record"]["peer_listen"]),
+                s["lease"].as_i64().map_or("?".into(), |l| format!("{l:x}")),
+                text(&s["ttl_s"]),
+            );
+        }
+    }
+    if let Some(names) = v["names"].as_array() {
+        println!("\n{:<32} {:<22} {:>20}", "NAME", "UID", "LEASE");
+        for n in names {
+            println!(
+                "{:<32} {:<22} {:>20}",
+                text(&n["name"]),
+                text(&n["uid"]),
+                n["lease"].as_i64().map_or("?".into(), |l| format!("{l:x}")),
+            );
+        }
+    }
+    let claims = &v["claims"];
+    if !claims.is_null() {
+        let lease = &claims["lease"];
+        if lease.is_null() {
+            println!("\nthis daemon holds no lease");
+        } else {
+            println!(
+                "\nthis daemon's lease {:x}, {} ms left",
+                lease["id"].as_i64().unwrap_or_default(),
+                text(&lease["left_ms"])
+            );
+        }
+        if let Some(e) = claims["error"].as_str() {
+            println!("last error: {e}");
+        }
+        for k in claims["keys"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<40} {:<22} {}",
+                text(&k["key"]),
+                text(&k["value"]),
+                text(&k["state"])
+            );
+        }
+    }
+}
+
+async fn listen(
+    client: Client,
+    port: u16,
+    count: u64,
+    register: Option<&str>,
+    as_json: bool,
+) -> Result<(), ClientError> {
+    let session = client.attach(register.unwrap_or("uniplane-listen")).await?;
     let mut listener = session.listen(port).await?;
-    if !as_json {
+    if let Some(name) = register {
+        session.register(name).await?;
+        eprintln!("listening at {}/{port} as {name}", session.uid());
+    } else if !as_json {
         eprintln!("listening at {}/{port}", session.uid());
     }
     let mut seen = 0;

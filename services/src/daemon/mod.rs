@@ -84,6 +84,10 @@ pub enum DaemonError {
         /// Why.
         source: crate::devices::gpu::GpuError,
     },
+    /// The naming service refused this daemon (another holds its server
+    /// ID) or could not be set up.
+    #[error("naming: {0}")]
+    Naming(String),
     /// A stack could not listen.
     #[error("stack {stack}: {source}")]
     Stack {
@@ -201,6 +205,8 @@ struct Shared {
     gpu_memories: Mutex<std::collections::HashMap<String, crate::devices::gpu::GpuMemory>>,
     /// Each GPU memory device's counters and state, by name.
     gpu_stats: Vec<(String, Arc<crate::devices::gpu::GpuStats>)>,
+    /// The shared directory, when `[registry] kind = "etcd"`.
+    naming: Option<crate::naming::etcd::Etcd>,
 }
 
 impl Shared {
@@ -296,6 +302,7 @@ impl Daemon {
                 gpu_stats.push((d.name.clone(), stats));
             }
         }
+        let naming = start_naming(&config).await?;
         let core_config = control_config(&config, &stacks);
         let (inputs, rx) = mpsc::channel(4096);
         let shared = Arc::new(Shared {
@@ -311,11 +318,13 @@ impl Daemon {
             security: security::Security::new(),
             gpu_memories: Mutex::new(gpu_memories),
             gpu_stats,
+            naming,
             config,
         });
         let mut driver = driver::Driver::new(shared.clone(), core_config, rx);
         driver.settle().await?;
         tokio::spawn(driver.run());
+        claim_devices(&shared).await;
 
         let daemon = Daemon { shared };
         tunnels::listen_stacks(&daemon.shared).await?;
@@ -425,6 +434,67 @@ impl Daemon {
     /// What the control core's state calls for in the plane.
     pub async fn picture(&self) -> Option<uniplane_control::PlaneImage> {
         self.shared.inspect(|d| d.core.picture()).await
+    }
+}
+
+/// Starts the naming service of an etcd registry and claims this
+/// server's record and its devices' names (`DEVICE@SERVER-NAME`). A
+/// server ID another daemon holds refuses the start; an unreachable
+/// cluster does not (the claims are retried, and new names fail with
+/// that reason until it answers).
+async fn start_naming(config: &Config) -> Result<Option<crate::naming::etcd::Etcd>, DaemonError> {
+    use crate::naming::etcd::{server_key, Etcd};
+    use crate::naming::NamingError;
+    let crate::config::RegistryConfig::Etcd(etcd) = &config.registry else {
+        return Ok(None);
+    };
+    let naming = Etcd::start(etcd)
+        .await
+        .map_err(|e| DaemonError::Naming(e.to_string()))?;
+    let record = serde_json::json!({
+        "name": config.name,
+        "peer_listen": config.peer_listen.to_string(),
+        "pid": std::process::id(),
+    })
+    .to_string();
+    match naming
+        .claim(server_key(config.server), record, true)
+        .await
+    {
+        Ok(()) => {}
+        Err(NamingError::Taken { holder, .. }) => {
+            return Err(DaemonError::Naming(format!(
+                "server ID {} is registered by another daemon ({holder});                  two daemons with one server ID would hand out the same UIDs",
+                config.server
+            )))
+        }
+        Err(e) => tracing::warn!("{e}; claims are retried until it answers"),
+    }
+    Ok(Some(naming))
+}
+
+/// Claims the devices' names, `DEVICE@SERVER-NAME`, kept for the
+/// daemon's life (their numbers are known once the core has settled).
+async fn claim_devices(shared: &Shared) {
+    use crate::naming::etcd::name_key;
+    let Some(naming) = &shared.naming else {
+        return;
+    };
+    let devices = shared
+        .inspect(|d| {
+            d.core
+                .resources()
+                .filter(|r| matches!(r.kind, uniplane_control::ResourceKind::Device { .. }))
+                .map(|r| (r.name.clone(), r.uid))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+    for (device, uid) in devices {
+        let name = format!("{device}@{}", shared.config.name);
+        if crate::naming::check_name(&name).is_ok() {
+            naming.keep(name_key(&name), uid.to_string()).await;
+        }
     }
 }
 

@@ -11,6 +11,10 @@ use serde_json::json;
 use tokio::io::BufReader;
 use tokio::net::{UnixListener, UnixStream};
 use uniplane_control::{ClientRequest, ControlError, Reply};
+use uniplane_dataplane::Uid;
+
+use crate::naming::etcd::name_key;
+use crate::naming::{check_name, NamingError};
 
 use super::driver::client;
 use super::observe;
@@ -44,6 +48,7 @@ async fn session(shared: Arc<Shared>, stream: UnixStream) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read);
     let mut line = Vec::new();
+    let mut names = Names::default();
     loop {
         let Ok(n) = read_line(&mut lines, &mut line).await else {
             break;
@@ -58,7 +63,7 @@ async fn session(shared: Arc<Shared>, stream: UnixStream) {
             )
         } else {
             match decode_request(&line) {
-                Ok(req) => handle(&shared, id, req).await,
+                Ok(req) => handle(&shared, id, &mut names, req).await,
                 Err(e) => Answer::err("bad-request", e.to_string()),
             }
         };
@@ -70,11 +75,55 @@ async fn session(shared: Arc<Shared>, stream: UnixStream) {
             break;
         }
     }
+    if let Some(naming) = &shared.naming {
+        for name in names.claimed {
+            naming.release(name_key(&name)).await;
+        }
+    }
     shared
         .input(super::Input::Core(uniplane_control::Event::ClientClosed {
             session: id,
         }))
         .await;
+}
+
+/// What a session is known by: its resource, and the names it claimed in
+/// the directory (released when it ends).
+#[derive(Default)]
+struct Names {
+    uid: Option<Uid>,
+    claimed: Vec<String>,
+}
+
+fn naming_err(e: NamingError) -> Answer {
+    Answer::err(e.kind(), e.to_string())
+}
+
+/// The UID `name` stands for among this daemon's resources: processes by
+/// the name they attached with, devices by `DEVICE` or
+/// `DEVICE@SERVER-NAME`; a name two resources share is ambiguous.
+async fn resolve_local(shared: &Shared, name: &str) -> Result<Uid, NamingError> {
+    let own = format!("@{}", shared.config.name);
+    let bare = name.strip_suffix(own.as_str()).unwrap_or(name).to_owned();
+    let server = shared.server;
+    let found = shared
+        .inspect(move |d| {
+            d.core
+                .resources()
+                .filter(|r| r.name == bare)
+                .map(|r| Uid::new(server, r.uid.device()))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+    match found.as_slice() {
+        [uid] => Ok(*uid),
+        [] => Err(NamingError::NotFound(name.to_owned())),
+        _ => Err(NamingError::Taken {
+            name: name.to_owned(),
+            holder: format!("{} local resources at once", found.len()),
+        }),
+    }
 }
 
 fn err(e: ControlError) -> Answer {
@@ -91,7 +140,7 @@ async fn ask(shared: &Shared, id: u64, req: ClientRequest) -> Result<(Reply, Opt
     }
 }
 
-async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
+async fn handle(shared: &Arc<Shared>, id: u64, names: &mut Names, req: CtlRequest) -> Answer {
     let gone = || Answer::err("engine", "the daemon is stopping");
     match req {
         CtlRequest::Status => shared
@@ -170,6 +219,7 @@ async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
         CtlRequest::Attach { name } => {
             match ask(shared, id, ClientRequest::Attach { name }).await {
                 Ok((Reply::Attached { uid, .. }, Some(token))) => {
+                    names.uid = Some(uid);
                     let attached = Attached {
                         uid,
                         daemon: shared.uid(),
@@ -214,6 +264,51 @@ async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
                 Err(a) => a,
             }
         }
+        CtlRequest::Register { name } => {
+            let Some(uid) = names.uid else {
+                return err(ControlError::NotAttached);
+            };
+            let Some(naming) = &shared.naming else {
+                return naming_err(NamingError::Local);
+            };
+            if let Err(e) = check_name(&name) {
+                return naming_err(e);
+            }
+            if names.claimed.len() >= MAX_NAMES_PER_SESSION {
+                return err(ControlError::Limit("names per session"));
+            }
+            match naming.claim(name_key(&name), uid.to_string(), false).await {
+                Ok(()) => {
+                    names.claimed.push(name.clone());
+                    Answer::ok(json!({ "name": name, "uid": uid.to_string() }))
+                }
+                Err(e) => naming_err(e),
+            }
+        }
+        CtlRequest::Resolve { name } => {
+            if let Err(e) = check_name(&name) {
+                return naming_err(e);
+            }
+            let answer = |uid: Uid, source: &str| {
+                Answer::ok(json!({ "name": name, "uid": uid.to_string(), "source": source }))
+            };
+            match &shared.naming {
+                None => match resolve_local(shared, &name).await {
+                    Ok(uid) => answer(uid, "local"),
+                    Err(e) => naming_err(e),
+                },
+                Some(naming) => match naming.resolve(&name).await {
+                    Ok(uid) => answer(uid, "directory"),
+                    // What this daemon holds itself still resolves
+                    // without the directory.
+                    Err(e) => match resolve_local(shared, &name).await {
+                        Ok(uid) => answer(uid, "local"),
+                        Err(_) => naming_err(e),
+                    },
+                },
+            }
+        }
+        CtlRequest::Directory => directory(shared).await,
         CtlRequest::Close { conn } => {
             match ask(
                 shared,
@@ -228,6 +323,48 @@ async fn handle(shared: &Arc<Shared>, id: u64, req: CtlRequest) -> Answer {
                 Err(a) => a,
             }
         }
+    }
+}
+
+/// Most names one session may claim.
+const MAX_NAMES_PER_SESSION: usize = 64;
+
+/// `uniplane cluster status`: the directory and this daemon's claims.
+async fn directory(shared: &Shared) -> Answer {
+    let Some(naming) = &shared.naming else {
+        return Answer::ok(json!({
+            "registry": "local",
+            "server": shared.server.to_string(),
+            "name": shared.config.name,
+        }));
+    };
+    let own = naming.view().await.map(|v| {
+        json!({
+            "lease": v.lease.map(|(id, left)| json!({ "id": id, "left_ms": left.as_millis() as u64 })),
+            "error": v.error,
+            "keys": v.keys.iter().map(|(k, value, state)| json!({
+                "key": k,
+                "value": value,
+                "state": format!("{state:?}").to_lowercase(),
+            })).collect::<Vec<_>>(),
+        })
+    });
+    match naming.list().await {
+        Ok(listing) => Answer::ok(json!({
+            "registry": "etcd",
+            "server": shared.server.to_string(),
+            "name": shared.config.name,
+            "servers": listing.servers,
+            "names": listing.names,
+            "claims": own,
+        })),
+        Err(e) => Answer::ok(json!({
+            "registry": "etcd",
+            "server": shared.server.to_string(),
+            "name": shared.config.name,
+            "error": e.to_string(),
+            "claims": own,
+        })),
     }
 }
 

@@ -1,0 +1,495 @@
+//! The naming service on a real three-member etcd cluster (Debian's
+//! `etcd-server`, on loopback ports): two daemons peered over a TCP
+//! tunnel register their servers and names in it; a name claimed on one
+//! server resolves on the other; no two daemons hold one name or one
+//! server ID; with the whole cluster stopped (its members frozen with
+//! SIGSTOP: they hold their sockets and answer nothing, as across a
+//! partition) a transfer between the daemons loses nothing, new names
+//! fail with a clear error, and when the cluster answers again every
+//! claim is held again, once.
+//!
+//! Needs `etcd` on the PATH; skips otherwise, unless
+//! `UNIPLANE_REQUIRE_TOOLS=1` makes that a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::Value;
+use uniplane_netns::free_port;
+use uniplane_services::client::{embedded, Client, ClientError};
+use uniplane_services::config::Config;
+use uniplane_services::control::Request;
+use uniplane_services::Daemon;
+
+const WAIT: Duration = Duration::from_secs(30);
+const PORT: u16 = 4200;
+
+fn have_etcd() -> bool {
+    let found = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_none(),
+            "etcd is not installed (apt-get install etcd-server)"
+        );
+        eprintln!("skipped: etcd is not installed");
+    }
+    found
+}
+
+/// Three etcd members on loopback; killed on drop.
+struct Etcd {
+    members: Vec<Child>,
+    clients: Vec<String>,
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> Etcd {
+        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let clients: Vec<String> = (0..3)
+            .map(|_| format!("http://127.0.0.1:{}", free_port()))
+            .collect();
+        let initial = (0..3)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", peers[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let members = (0..3)
+            .map(|i| {
+                let peer = format!("http://127.0.0.1:{}", peers[i]);
+                Command::new("etcd")
+                    .args(["--name", &format!("m{i}")])
+                    .arg("--data-dir")
+                    .arg(dir.join(format!("m{i}")))
+                    .args(["--listen-client-urls", &clients[i]])
+                    .args(["--advertise-client-urls", &clients[i]])
+                    .args(["--listen-peer-urls", &peer])
+                    .args(["--initial-advertise-peer-urls", &peer])
+                    .args(["--initial-cluster", &initial])
+                    .args(["--initial-cluster-state", "new"])
+                    .args(["--initial-cluster-token", "uniplane-test"])
+                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                    .args(["--logger", "zap", "--log-level", "error"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("etcd")
+            })
+            .collect();
+        Etcd { members, clients }
+    }
+
+    /// Waits until every member answers with a leader.
+    async fn ready(&self) {
+        let start = Instant::now();
+        for url in &self.clients {
+            loop {
+                let ok = async {
+                    let mut c = etcd_client::Client::connect([url], None).await.ok()?;
+                    let s = tokio::time::timeout(Duration::from_millis(500), c.status())
+                        .await
+                        .ok()?
+                        .ok()?;
+                    (s.leader() != 0).then_some(())
+                }
+                .await;
+                if ok.is_some() {
+                    break;
+                }
+                assert!(start.elapsed() < WAIT, "etcd did not come up");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) every member.
+    fn signal(&self, sig: libc::c_int) {
+        for m in &self.members {
+            // SAFETY: kill(2) on our own child's pid.
+            let r = unsafe { libc::kill(m.id() as libc::pid_t, sig) };
+            assert_eq!(r, 0, "signal etcd");
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+}
+
+fn config(
+    me: &str,
+    name: &str,
+    ports: (u16, u16),
+    other: &str,
+    theirs: (u16, u16),
+    secret: &Path,
+    etcd: &[String],
+) -> String {
+    let endpoints = etcd
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "[server]\nid = \"{me}\"\nname = \"{name}\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
+         [[stacks]]\nname = \"tcp\"\nlisten = \"127.0.0.1:{}\"\n\n\
+         [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = 1\n\n\
+         [[peers]]\nserver = \"{other}\"\naddress = \"127.0.0.1:{}\"\ntunnel = \"127.0.0.1:{}\"\nstack = \"tcp\"\n\n\
+         [failure]\nheartbeat_ms = 50\nmisses = 20\n\n\
+         [policy]\ndefault = \"allow\"\n\n[cluster]\nsecret = \"{}\"\n\n\
+         [registry]\nkind = \"etcd\"\nendpoints = [{endpoints}]\nprefix = \"/uniplane-test\"\n\
+         lease_ttl_s = 2\ntimeout_ms = 300\n",
+        ports.0,
+        ports.1,
+        theirs.0,
+        theirs.1,
+        secret.display()
+    )
+}
+
+async fn peers_alive(c: &Client) -> bool {
+    c.request(&Request::Status)
+        .await
+        .ok()
+        .and_then(|s| s["peers"].as_array().cloned())
+        .is_some_and(|p| !p.is_empty() && p.iter().all(|x| x["alive"] == true))
+}
+
+/// An etcd cluster and two daemons registered in it, peered; all stopped
+/// on drop.
+struct Fabric {
+    daemons: Vec<Daemon>,
+    dir: PathBuf,
+    etcd: Etcd,
+    texts: Vec<String>,
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        for d in &self.daemons {
+            d.shutdown();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn fabric(tag: &str) -> Fabric {
+    let dir = std::env::temp_dir().join(format!("uniplane-naming-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = Etcd::start(&dir);
+    etcd.ready().await;
+    let secret = dir.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let ids = ["10.41.0.1", "10.41.0.2"];
+    let names = ["alpha", "beta"];
+    let ports = [(free_port(), free_port()), (free_port(), free_port())];
+    let mut daemons = Vec::new();
+    let mut clients = Vec::new();
+    let mut texts = Vec::new();
+    for i in 0..2 {
+        let o = 1 - i;
+        let text = config(
+            ids[i],
+            names[i],
+            ports[i],
+            ids[o],
+            ports[o],
+            &secret,
+            &etcd.clients,
+        );
+        let (d, c) = embedded(
+            Config::parse(&text, &format!("naming{i}")).unwrap(),
+            &dir.join(format!("d{i}")),
+        )
+        .await
+        .unwrap();
+        daemons.push(d);
+        clients.push(c);
+        texts.push(text);
+    }
+    let start = Instant::now();
+    for c in &clients {
+        while !peers_alive(c).await {
+            assert!(start.elapsed() < WAIT, "the daemons did not peer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Fabric {
+        daemons,
+        dir,
+        etcd,
+        texts,
+    }
+}
+
+async fn client(d: &Daemon) -> Client {
+    Client::connect(d.runtime_dir()).await.unwrap()
+}
+
+async fn directory(d: &Daemon) -> Value {
+    client(d).await.request(&Request::Directory).await.unwrap()
+}
+
+/// Polls `d`'s directory until `done` holds of it (bounded).
+async fn until(d: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = directory(d).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < WAIT, "{what}: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every key this daemon wants is held.
+fn all_held(v: &Value) -> bool {
+    v["claims"]["keys"]
+        .as_array()
+        .is_some_and(|k| !k.is_empty() && k.iter().all(|k| k["state"] == "held"))
+        && v["claims"]["error"].is_null()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_claimed_on_one_server_resolves_on_the_other_and_is_never_held_twice() {
+    if !have_etcd() {
+        return;
+    }
+    let f = fabric("resolve").await;
+    let a = &f.daemons[0];
+    let b = &f.daemons[1];
+    let v = until(b, "both servers registered", |v| {
+        v["servers"].as_array().is_some_and(|s| s.len() == 2) && all_held(v)
+    })
+    .await;
+    let servers: Vec<&str> = v["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(servers, ["10.41.0.1", "10.41.0.2"]);
+    assert!(v["servers"][0]["ttl_s"].as_i64().unwrap() > 0);
+    assert_eq!(v["servers"][0]["record"]["name"], "alpha");
+
+    // A device's name: DEVICE@SERVER-NAME, claimed by its daemon.
+    let echo = client(b).await.resolve("echo@alpha").await.unwrap();
+    assert_eq!(echo.to_string(), "10.41.0.1:1");
+
+    let service = client(a).await.attach("service").await.unwrap();
+    service.register("job.rank0").await.unwrap();
+    let uid = client(b).await.resolve("job.rank0").await.unwrap();
+    assert_eq!(uid, service.uid());
+
+    // The name is taken: another process on another server is refused,
+    // and so is the same process asking again for a second owner.
+    let other = client(b).await.attach("other").await.unwrap();
+    match other.register("job.rank0").await {
+        Err(ClientError::Daemon { kind, message }) => {
+            assert_eq!(kind, "exists", "{message}");
+            assert!(message.contains(&service.uid().to_string()), "{message}");
+        }
+        r => panic!("a second owner: {r:?}"),
+    }
+    // Bad names are refused before they reach the directory.
+    for bad in ["a/b", "", "two words"] {
+        match other.register(bad).await {
+            Err(ClientError::Daemon { kind, .. }) => assert_eq!(kind, "bad-request"),
+            r => panic!("{bad:?}: {r:?}"),
+        }
+    }
+
+    // The resolved UID is reachable by the one interface.
+    let mut listener = service.listen(PORT).await.unwrap();
+    let mut conn = other.connect(uid.port(PORT)).await.unwrap();
+    conn.send_bytes(Bytes::from_static(b"found by name"))
+        .await
+        .unwrap();
+    let mut accepted = tokio::time::timeout(WAIT, listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    let m = tokio::time::timeout(WAIT, accepted.recv())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.payload().as_ref(), b"found by name");
+
+    // The owner goes: its name goes with it, and the other may take it.
+    drop(accepted);
+    drop(listener);
+    drop(service);
+    let start = Instant::now();
+    loop {
+        match client(b).await.resolve("job.rank0").await {
+            Err(ClientError::Daemon { kind, .. }) if kind == "not-found" => break,
+            r => assert!(start.elapsed() < WAIT, "still resolves: {r:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    other.register("job.rank0").await.unwrap();
+    assert_eq!(
+        client(a).await.resolve("job.rank0").await.unwrap(),
+        other.uid()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_with_a_registered_server_id_is_refused() {
+    if !have_etcd() {
+        return;
+    }
+    let f = fabric("twin").await;
+    until(&f.daemons[0], "registered", all_held).await;
+    // The same file (same server ID) again, on other ports.
+    let text = f.texts[0]
+        .lines()
+        .map(|l| {
+            if l.starts_with("peer_listen") {
+                format!("peer_listen = \"127.0.0.1:{}\"", free_port())
+            } else if l.starts_with("listen = ") {
+                format!("listen = \"127.0.0.1:{}\"", free_port())
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::parse(&text, "twin").unwrap();
+    match embedded(config, &f.dir.join("twin")).await {
+        Err(e) => assert!(
+            e.to_string().contains("registered by another daemon"),
+            "{e}"
+        ),
+        Ok(_) => panic!("two daemons hold server ID 10.41.0.1"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_frozen_a_transfer_loses_nothing_and_the_claims_converge_after() {
+    if !have_etcd() {
+        return;
+    }
+    let f = fabric("partition").await;
+    let a = &f.daemons[0];
+    let b = &f.daemons[1];
+    until(a, "registered", all_held).await;
+    until(b, "registered", all_held).await;
+    let receiver = client(b).await.attach("receiver").await.unwrap();
+    receiver.register("sink").await.unwrap();
+    let mut listener = receiver.listen(PORT).await.unwrap();
+    let sender = client(a).await.attach("sender").await.unwrap();
+    let to = client(a).await.resolve("sink").await.unwrap();
+    let mut conn = sender.connect(to.port(PORT)).await.unwrap();
+    let mut inbound = tokio::time::timeout(WAIT, async {
+        conn.send_bytes(Bytes::from(0u64.to_le_bytes().to_vec()))
+            .await
+            .unwrap();
+        listener.accept().await.unwrap()
+    })
+    .await
+    .unwrap();
+
+    // Messages numbered 0.. flow until told to stop; the receiver checks
+    // every number arrives once, in order.
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let send = tokio::spawn(async move {
+        let mut n = 1u64;
+        loop {
+            if stop_rx.try_recv().is_ok() {
+                break;
+            }
+            conn.send_bytes(Bytes::from(n.to_le_bytes().to_vec()))
+                .await
+                .unwrap();
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        (n, conn)
+    });
+    let recv = tokio::spawn(async move {
+        let mut next = 0u64;
+        let mut gaps = 0u64;
+        while let Some(Ok(m)) = inbound.recv().await {
+            let n = u64::from_le_bytes(m.payload()[..8].try_into().unwrap());
+            if n == u64::MAX {
+                break;
+            }
+            if n != next {
+                gaps += 1;
+            }
+            next = n + 1;
+        }
+        (next, gaps)
+    });
+
+    f.etcd.signal(libc::SIGSTOP);
+    // A new name fails with the reason, within the request timeout.
+    let t = Instant::now();
+    match sender.register("late").await {
+        Err(ClientError::Daemon { kind, message }) => {
+            assert_eq!(kind, "unavailable", "{message}");
+            assert!(message.contains("unreachable"), "{message}");
+        }
+        r => panic!("a name claimed without etcd: {r:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // What a daemon holds itself still resolves.
+    assert_eq!(
+        client(b).await.resolve("receiver").await.unwrap(),
+        receiver.uid()
+    );
+    // The daemons find their leases gone once the TTL passes unrenewed.
+    until(a, "lease given up", |v| v["claims"]["lease"].is_null()).await;
+    until(b, "lease given up", |v| v["claims"]["lease"].is_null()).await;
+
+    f.etcd.signal(libc::SIGCONT);
+    let va = until(a, "claims held again", |v| {
+        all_held(v) && v["servers"].as_array().is_some_and(|s| s.len() == 2)
+    })
+    .await;
+    until(b, "claims held again", all_held).await;
+    // One owner per key: the directory's sink and server records are the
+    // daemons' own, each held under its current lease.
+    let lease_a = va["claims"]["lease"]["id"].as_i64().unwrap();
+    let server_a = va["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["server"] == "10.41.0.1")
+        .unwrap();
+    assert_eq!(server_a["lease"].as_i64().unwrap(), lease_a);
+    let sinks: Vec<&Value> = va["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["name"] == "sink")
+        .collect();
+    assert_eq!(sinks.len(), 1);
+    assert_eq!(sinks[0]["uid"], receiver.uid().to_string());
+    sender.register("late").await.unwrap();
+
+    let _ = stop_tx.send(());
+    let (sent, mut conn) = send.await.unwrap();
+    conn.send_bytes(Bytes::from(u64::MAX.to_le_bytes().to_vec()))
+        .await
+        .unwrap();
+    let (received, gaps) = tokio::time::timeout(WAIT, recv).await.unwrap().unwrap();
+    assert_eq!(gaps, 0, "messages lost or reordered");
+    assert_eq!(received, sent, "messages lost");
+    assert!(sent > 100, "the transfer ran across the freeze: {sent}");
+}
