@@ -253,3 +253,69 @@ async fn plane_dump_reads_the_connection_back_from_the_plane_and_sees_it_go() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_directory_names_resolve_to_this_daemons_resources() {
+    let dir = runtime("resolve-local");
+    let (_daemon, client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let server_name = client.request(&Request::Status).await.unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let app = uniplane_services::client::Client::connect(&dir)
+        .await
+        .unwrap()
+        .attach("worker")
+        .await
+        .unwrap();
+    assert_eq!(
+        client.resolve("echo").await.unwrap().to_string(),
+        "127.0.0.1:1"
+    );
+    assert_eq!(
+        client
+            .resolve(&format!("echo@{server_name}"))
+            .await
+            .unwrap()
+            .to_string(),
+        "127.0.0.1:1"
+    );
+    assert_eq!(client.resolve("worker").await.unwrap(), app.uid());
+    let kind = |r: Result<_, ClientError>| match r {
+        Err(ClientError::Daemon { kind, .. }) => kind,
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(kind(client.resolve("nobody").await), "not-found");
+    assert_eq!(kind(client.resolve("a/b").await), "bad-request");
+    let _twin = uniplane_services::client::Client::connect(&dir)
+        .await
+        .unwrap()
+        .attach("worker")
+        .await
+        .unwrap();
+    assert_eq!(kind(client.resolve("worker").await), "exists", "ambiguous");
+    // Claiming a cluster-wide name needs a directory.
+    assert_eq!(
+        kind(app.register("worker").await.map(|_| app.uid())),
+        "unsupported"
+    );
+
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_uniplane"))
+            .args(args)
+            .env("UNIPLANE_RUNTIME_DIR", &dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(cli(&["resolve", "echo", "--json"])["uid"], "127.0.0.1:1");
+    assert_eq!(cli(&["cluster", "status", "--json"])["registry"], "local");
+    let _ = std::fs::remove_dir_all(&dir);
+}

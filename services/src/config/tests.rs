@@ -826,3 +826,80 @@ fn a_backend_is_refused_where_it_means_nothing() {
         assert_eq!(refused(&text).to_string(), expected, "{text}");
     }
 }
+
+#[test]
+fn the_registry_is_local_unless_the_file_names_etcd() {
+    assert_eq!(Config::embedded().unwrap().registry, RegistryConfig::Local);
+    let text = "[registry]\nkind = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nlease_ttl_s = 10\n";
+    let RegistryConfig::Etcd(e) = Config::parse(text, "c.toml").unwrap().registry else {
+        panic!("not etcd")
+    };
+    assert_eq!(e.endpoints.len(), 2);
+    assert_eq!(e.prefix, "/uniplane");
+    assert_eq!(e.lease_ttl, std::time::Duration::from_secs(10));
+    assert_eq!(e.timeout, std::time::Duration::from_millis(1000));
+    assert_eq!(e.credentials, None);
+    let tls = "[registry]\nkind = \"etcd\"\nendpoints = [\"https://etcd.example:2379\"]\nca = \"/etc/uniplane/ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nuser = \"u\"\npassword_file = \"p\"\n";
+    let RegistryConfig::Etcd(e) = Config::parse(tls, "c.toml").unwrap().registry else {
+        panic!("not etcd")
+    };
+    assert!(e.ca.is_some() && e.identity.is_some() && e.credentials.is_some());
+}
+
+#[test]
+fn a_bad_registry_is_refused_with_its_place() {
+    let cases = [
+        (
+            "[registry]\nkind = \"zookeeper\"\n",
+            "c.toml:2:8: field `registry.kind`: `zookeeper`: expected \"local\" or \"etcd\"",
+        ),
+        (
+            "[registry]\nkind = \"etcd\"\n",
+            "c.toml:2:8: field `registry.endpoints`: kind = \"etcd\" needs the members' client URLs",
+        ),
+        (
+            "[registry]\nkind = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n",
+            "c.toml:3:14: field `registry.endpoints`: `127.0.0.1:2379`: expected http://HOST:PORT or https://HOST:PORT",
+        ),
+        (
+            "[registry]\nkind = \"etcd\"\nendpoints = [\"https://a:2379\"]\n",
+            "c.toml:3:14: field `registry.endpoints`: an https:// endpoint needs `ca` (the CA of the members' certificates)",
+        ),
+        (
+            "[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\nca = \"ca.pem\"\n",
+            "c.toml:3:14: field `registry.endpoints`: TLS settings (ca, cert, domain) need https:// endpoints",
+        ),
+        (
+            "[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\nuser = \"u\"\n",
+            "c.toml:4:8: field `registry.user`: needs `password_file` beside it",
+        ),
+        (
+            "[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\nprefix = \"uniplane/\"\n",
+            "c.toml:4:10: field `registry.prefix`: `uniplane/`: expected a path like /uniplane (no trailing /, at most 128 bytes)",
+        ),
+        (
+            "[registry]\nendpoints = [\"http://a:2379\"]\n",
+            "c.toml:2:13: field `registry.endpoints`: set only with kind = \"etcd\"",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = Config::parse(text, "c.toml").unwrap_err().to_string();
+        assert_eq!(err, want, "{text}");
+    }
+    let err =
+        refused("[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\nlease_ttl_s = 0\n");
+    assert!(err.to_string().contains("registry.lease_ttl_s"), "{err}");
+}
+
+#[test]
+fn the_registry_changes_only_at_a_restart() {
+    let a = Config::embedded().unwrap();
+    let mut b = a.clone();
+    b.registry = Config::parse(
+        "[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\n",
+        "c.toml",
+    )
+    .unwrap()
+    .registry;
+    assert_eq!(a.needs_restart_for(&b), vec!["registry"]);
+}
