@@ -118,6 +118,8 @@ pub struct Limits {
     pub connections_per_peer: usize,
     /// Ports one resource listens on.
     pub listening_per_resource: usize,
+    /// Peers, the configured ones and those the directory adds.
+    pub peers: usize,
 }
 
 impl Default for Limits {
@@ -128,6 +130,7 @@ impl Default for Limits {
             pending_per_peer: 64,
             connections_per_peer: 1024,
             listening_per_resource: 1024,
+            peers: 1024,
         }
     }
 }

@@ -304,6 +304,21 @@ pub enum Event {
         /// What happens when no rule matches.
         default_action: crate::config::DefaultAction,
     },
+    /// A server joined (the naming service's directory lists it): it is
+    /// a peer from now on, reached as `spec` says. Ignored when the
+    /// server is a peer already (the configuration's peers win) or is
+    /// this server; bounded by `limits.peers`.
+    PeerAdded {
+        /// How to reach it.
+        spec: crate::config::PeerSpec,
+    },
+    /// A server left (its directory record is gone for good): like a
+    /// failure, every connection through it is closed (`PeerFailed`, its
+    /// owners told), its tunnels and channel go; then it is no peer.
+    PeerRemoved {
+        /// The server.
+        server: Ipv4Addr,
+    },
     /// The daemon is stopping: every connection is closed, its local
     /// processes and its peer told (`Closed`), before it goes.
     Shutdown,

@@ -826,3 +826,99 @@ fn a_plane_that_refuses_the_callers_end_fails_the_connect_and_the_peer_is_never_
     assert!(h.plane.translations.is_empty());
     h.check();
 }
+
+/// A server the directory lists, as the daemon describes it.
+fn discovered(server: std::net::Ipv4Addr) -> PeerSpec {
+    PeerSpec {
+        server,
+        stack: "tcp".into(),
+        classes: vec![0, 1],
+        tunnel_mtu: 8000,
+    }
+}
+
+#[test]
+fn a_server_the_directory_adds_is_a_peer_and_one_it_removes_goes_with_its_connections() {
+    let mut h = Harness::new(config());
+    let other = std::net::Ipv4Addr::new(10, 0, 0, 9);
+    h.event(Event::PeerAdded {
+        spec: discovered(other),
+    });
+    assert!(h.core.peers().iter().any(|p| p.server == other && !p.alive));
+    h.peer_up(other);
+    let client = h.attach(A, "client");
+    let req = h.request(
+        A,
+        ClientRequest::Connect {
+            src_port: 0,
+            dst: uid("10.0.0.9:5"),
+            dst_port: 9,
+            class: 0,
+        },
+    );
+    let (to, PeerMsg::Connect { conn, .. }) = h.sent_to_peer().remove(0) else {
+        panic!()
+    };
+    assert_eq!(to, other);
+    h.event(Event::PeerVerdict {
+        server: other,
+        conn,
+        verdict: Ok(()),
+    });
+    connected(h.answer(req).unwrap());
+    let server_route = |h: &Harness| {
+        let r = Route::server(other, 0);
+        h.plane
+            .ports
+            .values()
+            .filter(|p| p.routes.contains_key(&(r.key.to_u64(), r.mask)))
+            .count()
+    };
+    assert!(server_route(&h) > 0);
+    h.check();
+
+    h.event(Event::PeerRemoved { server: other });
+    assert!(h.core.peers().iter().all(|p| p.server != other));
+    assert_eq!(
+        h.notices(),
+        vec![(client, ReqType::Notify, conn, Status::PeerFailed)]
+    );
+    assert!(h
+        .out
+        .iter()
+        .any(|a| matches!(a, Action::ClosePeerChannel { server } if *server == other)));
+    assert_eq!(server_route(&h), 0);
+    assert_eq!(h.core.connections().count(), 0);
+    h.check();
+}
+
+#[test]
+fn the_directory_never_replaces_a_configured_peer_nor_removes_one_nor_adds_this_server() {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    let mut spec = discovered(PEER);
+    spec.stack = "udp".into();
+    h.event(Event::PeerAdded { spec });
+    h.event(Event::PeerAdded {
+        spec: discovered(HERE),
+    });
+    h.event(Event::PeerRemoved { server: PEER });
+    let peers = h.core.peers();
+    assert_eq!(peers.len(), 1);
+    assert!(peers[0].alive);
+    assert_ne!(peers[0].stack, "udp");
+    h.check();
+}
+
+#[test]
+fn peers_the_directory_adds_are_bounded() {
+    let mut c = config();
+    c.limits.peers = 3;
+    let mut h = Harness::new(c);
+    for i in 10..20 {
+        h.event(Event::PeerAdded {
+            spec: discovered(std::net::Ipv4Addr::new(10, 0, 0, i)),
+        });
+    }
+    assert_eq!(h.core.peers().len(), 3);
+}

@@ -54,6 +54,11 @@ pub const LIMIT_FIELDS: &[LimitField] = &[
         bounds: Bounds::new(1, 65536).note("every port"),
         field: |l| &mut l.listening_per_resource,
     },
+    LimitField {
+        name: "peers",
+        bounds: Bounds::new(1, 65536),
+        field: |l| &mut l.peers,
+    },
 ];
 
 /// The `[limits]` table as written: key → value, each with its place.

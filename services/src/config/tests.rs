@@ -408,6 +408,7 @@ fn every_field_of_limits_is_configurable() {
         pending_per_peer: _,
         connections_per_peer: _,
         listening_per_resource: _,
+        peers: _,
     } = uniplane_control::Limits::default();
     let names: Vec<&str> = limits::LIMIT_FIELDS.iter().map(|f| f.name).collect();
     assert_eq!(
@@ -417,7 +418,8 @@ fn every_field_of_limits_is_configurable() {
             "connections",
             "pending_per_peer",
             "connections_per_peer",
-            "listening_per_resource"
+            "listening_per_resource",
+            "peers"
         ]
     );
     for name in names {

@@ -186,9 +186,24 @@ struct Peer {
     last_seen: Duration,
     next_beat: Option<Duration>,
     failures: u64,
+    /// Added by [`Event::PeerAdded`] (so [`Event::PeerRemoved`] may take
+    /// it away again); the configuration's peers stay.
+    discovered: bool,
 }
 
 impl Peer {
+    fn new(spec: PeerSpec, now: Duration) -> Peer {
+        Peer {
+            spec,
+            channel: false,
+            tunnels: BTreeMap::new(),
+            last_seen: now,
+            next_beat: None,
+            failures: 0,
+            discovered: false,
+        }
+    }
+
     fn tunnel(&self, class: u8) -> Option<PortId> {
         match self.tunnels.get(&class) {
             Some(Tunnel::Open(p)) => Some(*p),
@@ -355,19 +370,7 @@ impl Control {
         let peers = config
             .peers
             .iter()
-            .map(|p| {
-                (
-                    p.server,
-                    Peer {
-                        spec: p.clone(),
-                        channel: false,
-                        tunnels: BTreeMap::new(),
-                        last_seen: now,
-                        next_beat: None,
-                        failures: 0,
-                    },
-                )
-            })
+            .map(|p| (p.server, Peer::new(p.clone(), now)))
             .collect();
         let mut control = Control {
             config,
@@ -526,6 +529,8 @@ impl Control {
                 default_action,
             } => self.set_rules(rules, default_action),
             Event::Shutdown => self.shut_down(),
+            Event::PeerAdded { spec } => self.add_peer(spec),
+            Event::PeerRemoved { server } => self.remove_peer(server),
             Event::Violation {
                 server,
                 src,

@@ -3,6 +3,45 @@
 use super::*;
 
 impl Control {
+    /// A server the directory lists becomes a peer.
+    pub(super) fn add_peer(&mut self, spec: PeerSpec) {
+        let server = spec.server;
+        if server == self.config.server || self.peers.contains_key(&server) {
+            return;
+        }
+        if self.peers.len() >= self.config.limits.peers {
+            tracing::warn!(%server, limit = self.config.limits.peers, "peer not added: too many peers");
+            return;
+        }
+        tracing::info!(%server, stack = %spec.stack, "peer added");
+        let mut peer = Peer::new(spec, self.now);
+        peer.discovered = true;
+        self.peers.insert(server, peer);
+    }
+
+    /// A server the directory no longer lists stops being a peer: taken
+    /// down as a failure would, then forgotten, with its inbound tunnels.
+    pub(super) fn remove_peer(&mut self, server: Ipv4Addr) {
+        if !self.peers.get(&server).is_some_and(|p| p.discovered) {
+            return;
+        }
+        tracing::info!(%server, "peer removed");
+        self.take_peer_down(server, Status::PeerFailed);
+        self.actions.push_back(Action::ClosePeerChannel { server });
+        self.peers.remove(&server);
+        let inbound: Vec<TunnelId> = self
+            .inbound
+            .iter()
+            .filter(|(_, t)| t.from == server)
+            .map(|(id, _)| *id)
+            .collect();
+        for tunnel in inbound {
+            self.inbound.remove(&tunnel);
+            self.actions.push_back(Action::DropTunnel { tunnel });
+        }
+        self.sync(Then::nothing());
+    }
+
     pub(super) fn peer_channel_up(&mut self, server: Ipv4Addr) {
         if self.peers.get(&server).is_some_and(|p| p.channel) {
             // A new channel replaces one we did not hear end.
