@@ -972,7 +972,7 @@ impl Config {
             secret: raw.cluster.secret.clone(),
             limits,
             underlay,
-            registry: registry::parse(&src, &raw.registry)?,
+            registry: registry::parse(&src, &raw.registry, raw.cluster.secret.is_some())?,
         };
         unique::refuse_clashes(&src, &raw, &config)?;
         Ok(config)

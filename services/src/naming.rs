@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 pub mod etcd;
+pub mod roster;
 
 /// Why a naming request failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

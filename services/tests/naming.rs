@@ -493,3 +493,163 @@ async fn with_etcd_frozen_a_transfer_loses_nothing_and_the_claims_converge_after
     assert_eq!(received, sent, "messages lost");
     assert!(sent > 100, "the transfer ran across the freeze: {sent}");
 }
+
+/// A daemon on a runtime of its own: dropping it ends every task of it
+/// at once (its lease is renewed no more), as a crashed process would.
+struct Crashable {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    dir: PathBuf,
+}
+
+impl Crashable {
+    fn start(text: String, dir: PathBuf) -> Crashable {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (started, result) = std::sync::mpsc::channel::<Result<(), String>>();
+        let runtime_dir = dir.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut config = Config::parse(&text, "crashable").unwrap();
+                config.runtime_dir = Some(runtime_dir);
+                match Daemon::start(config).await {
+                    Ok(d) => {
+                        let _ = started.send(Ok(()));
+                        let _ = stopped.await;
+                        d.shutdown();
+                    }
+                    Err(e) => {
+                        let _ = started.send(Err(e.to_string()));
+                    }
+                }
+            });
+            // The runtime drops here with every task of the daemon.
+        });
+        result.recv_timeout(WAIT).unwrap().unwrap();
+        Crashable {
+            stop: Some(stop),
+            thread: Some(thread),
+            dir,
+        }
+    }
+
+    fn crash(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Crashable {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+/// Server `me`'s file with no peers: they come from the directory.
+fn discovering(me: &str, name: &str, ports: (u16, u16), secret: &Path, etcd: &[String]) -> String {
+    let endpoints = etcd
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "[server]\nid = \"{me}\"\nname = \"{name}\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
+         [[stacks]]\nname = \"tcp\"\nlisten = \"127.0.0.1:{}\"\n\n\
+         [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = 1\n\n\
+         [failure]\nheartbeat_ms = 50\nmisses = 20\n\n\
+         [policy]\ndefault = \"allow\"\n\n[cluster]\nsecret = \"{}\"\n\n\
+         [registry]\nkind = \"etcd\"\nendpoints = [{endpoints}]\nprefix = \"/uniplane-test\"\n\
+         lease_ttl_s = 1\ntimeout_ms = 300\n",
+        ports.0,
+        ports.1,
+        secret.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_found_in_the_directory_become_peers_and_leave_when_their_record_goes() {
+    if !have_etcd() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uniplane-naming-discover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = Etcd::start(&dir);
+    etcd.ready().await;
+    let secret = dir.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let text_a = discovering(
+        "10.42.0.1",
+        "alpha",
+        (free_port(), free_port()),
+        &secret,
+        &etcd.clients,
+    );
+    let text_b = discovering(
+        "10.42.0.2",
+        "beta",
+        (free_port(), free_port()),
+        &secret,
+        &etcd.clients,
+    );
+    let (a, ca) = embedded(Config::parse(&text_a, "a").unwrap(), &dir.join("a"))
+        .await
+        .unwrap();
+    let mut b = Crashable::start(text_b, dir.join("b"));
+
+    // Neither file names the other: each finds it in the directory.
+    let start = Instant::now();
+    while !peers_alive(&ca).await {
+        assert!(
+            start.elapsed() < WAIT,
+            "the directory's servers did not peer"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cb = Client::connect(&b.dir).await.unwrap();
+    while !peers_alive(&cb).await {
+        assert!(
+            start.elapsed() < WAIT,
+            "the directory's servers did not peer"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A round trip to the other server's echo device, found by name.
+    let echo = ca.resolve("echo@beta").await.unwrap();
+    assert_eq!(echo.to_string(), "10.42.0.2:1");
+    let app = client(&a).await.attach("app").await.unwrap();
+    let mut conn = app.connect(echo.port(7)).await.unwrap();
+    conn.send_bytes(Bytes::from_static(b"over a discovered peer"))
+        .await
+        .unwrap();
+    let m = tokio::time::timeout(WAIT, conn.recv())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.payload().as_ref(), b"over a discovered peer");
+
+    // Beta crashes: its lease runs out, its record goes, and after the
+    // grace it is no peer of alpha's any more.
+    drop(cb);
+    b.crash();
+    let start = Instant::now();
+    loop {
+        let status = ca.request(&Request::Status).await.unwrap();
+        if status["peers"].as_array().is_some_and(|p| p.is_empty()) {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "beta is still a peer: {status:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = a;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -484,6 +484,13 @@ mod tests {
                 class: 1,
             },
             Request::Close { conn },
+            Request::Register {
+                name: "job.rank0".into(),
+            },
+            Request::Resolve {
+                name: "job.rank0".into(),
+            },
+            Request::Directory,
         ];
         for r in &all {
             match r {
@@ -501,7 +508,10 @@ mod tests {
                 | Request::Listen { .. }
                 | Request::Unlisten { .. }
                 | Request::Connect { .. }
-                | Request::Close { .. } => {}
+                | Request::Close { .. }
+                | Request::Register { .. }
+                | Request::Resolve { .. }
+                | Request::Directory => {}
             }
         }
         all

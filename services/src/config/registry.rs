@@ -25,6 +25,7 @@ pub(super) struct RawRegistry {
     cert: Option<Spanned<PathBuf>>,
     key: Option<Spanned<PathBuf>>,
     domain: Option<Spanned<String>>,
+    discover: Option<Spanned<bool>>,
 }
 
 /// Where names live.
@@ -34,7 +35,7 @@ pub enum RegistryConfig {
     #[default]
     Local,
     /// In an etcd cluster every daemon shares.
-    Etcd(EtcdConfig),
+    Etcd(Box<EtcdConfig>),
 }
 
 /// How to reach the etcd cluster.
@@ -57,13 +58,22 @@ pub struct EtcdConfig {
     /// The name the members' certificates carry, when it is not the
     /// endpoints' host.
     pub domain: Option<String>,
+    /// Whether every server the directory lists is a peer (reached over
+    /// the first of this daemon's IP stacks it also runs), joining and
+    /// leaving as its record does. Default: on when the file names a
+    /// cluster secret (peers must prove it).
+    pub discover: bool,
 }
 
 const ENDPOINTS: Bounds = Bounds::new(1, 16);
 const LEASE_TTL_S: Bounds = Bounds::new(1, 3600);
 const TIMEOUT_MS: Bounds = Bounds::new(50, 60_000);
 
-pub(super) fn parse(src: &Source<'_>, raw: &RawRegistry) -> Result<RegistryConfig, ConfigError> {
+pub(super) fn parse(
+    src: &Source<'_>,
+    raw: &RawRegistry,
+    secret: bool,
+) -> Result<RegistryConfig, ConfigError> {
     let kind = raw.kind.as_ref();
     match kind.map(|k| k.get_ref().as_str()) {
         None | Some("local") => {
@@ -188,7 +198,19 @@ pub(super) fn parse(src: &Source<'_>, raw: &RawRegistry) -> Result<RegistryConfi
             "a client certificate needs `ca` too",
         );
     }
-    Ok(RegistryConfig::Etcd(EtcdConfig {
+    let discover = match raw.discover.as_ref() {
+        None => secret,
+        Some(d) if *d.get_ref() && !secret => {
+            return src.invalid(
+                d.span(),
+                "registry.discover",
+                "peers found in the directory must prove the cluster secret: name one in [cluster] secret",
+            )
+        }
+        Some(d) => *d.get_ref(),
+    };
+    Ok(RegistryConfig::Etcd(Box::new(EtcdConfig {
+        discover,
         endpoints,
         prefix,
         lease_ttl: Duration::from_secs(ttl),
@@ -197,5 +219,5 @@ pub(super) fn parse(src: &Source<'_>, raw: &RawRegistry) -> Result<RegistryConfi
         ca: raw.ca.as_ref().map(|c| c.get_ref().clone()),
         identity,
         domain: raw.domain.as_ref().map(|d| d.get_ref().clone()),
-    }))
+    })))
 }

@@ -841,6 +841,7 @@ fn the_registry_is_local_unless_the_file_names_etcd() {
     assert_eq!(e.lease_ttl, std::time::Duration::from_secs(10));
     assert_eq!(e.timeout, std::time::Duration::from_millis(1000));
     assert_eq!(e.credentials, None);
+    assert!(!e.discover, "no secret: peers are not discovered");
     let tls = "[registry]\nkind = \"etcd\"\nendpoints = [\"https://etcd.example:2379\"]\nca = \"/etc/uniplane/ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nuser = \"u\"\npassword_file = \"p\"\n";
     let RegistryConfig::Etcd(e) = Config::parse(tls, "c.toml").unwrap().registry else {
         panic!("not etcd")
@@ -888,6 +889,12 @@ fn a_bad_registry_is_refused_with_its_place() {
         let err = Config::parse(text, "c.toml").unwrap_err().to_string();
         assert_eq!(err, want, "{text}");
     }
+    let err = Config::parse(
+        "[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\ndiscover = true\n",
+        "c.toml",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("registry.discover"), "{err}");
     let err =
         refused("[registry]\nkind = \"etcd\"\nendpoints = [\"http://a:2379\"]\nlease_ttl_s = 0\n");
     assert!(err.to_string().contains("registry.lease_ttl_s"), "{err}");

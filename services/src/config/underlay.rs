@@ -216,6 +216,24 @@ pub(super) fn parse(
     })
 }
 
+impl IngressRules {
+    /// The rules of a peer the file does not describe (one the naming
+    /// service's directory lists): every class, every request type, the
+    /// largest message, and only its own resources as sources.
+    pub fn default_for(peer: std::net::Ipv4Addr, underlay: &UnderlayConfig) -> IngressRules {
+        IngressRules {
+            classes: underlay.classes.iter().map(|c| c.id).collect(),
+            types: None,
+            max_message: MAX_MESSAGE.max as usize,
+            sources: vec![UidPattern {
+                key: uniplane_dataplane::Uid::new(peer, 0),
+                mask: 0xffff_ffff << 16,
+            }],
+            sources_set: false,
+        }
+    }
+}
+
 /// A peer's ingress rules; `peer` is its server (its own resources are
 /// the default sources).
 pub(super) fn ingress(

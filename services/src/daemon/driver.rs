@@ -234,6 +234,38 @@ impl Driver {
                     mtu,
                 });
             }
+            Input::PeerFound { peer } => {
+                let server = peer.server;
+                let spec = super::peer_spec(&peer, &self.shared.stacks);
+                let added = {
+                    let mut roster = self
+                        .shared
+                        .roster
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner());
+                    let fresh = !roster.contains_key(&server) && server != self.shared.server;
+                    if fresh {
+                        roster.insert(server, peer);
+                    }
+                    fresh
+                };
+                if added {
+                    self.event(Event::PeerAdded { spec });
+                    tokio::spawn(super::peers::dial_loop(self.shared.clone(), server));
+                }
+            }
+            Input::PeerLost { server } => {
+                let configured = self.shared.config.peers.iter().any(|p| p.server == server);
+                if !configured {
+                    self.shared
+                        .roster
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&server);
+                    self.event(Event::PeerRemoved { server });
+                    self.underlays.remove(&server);
+                }
+            }
             Input::BridgeEnded { port } => {
                 self.bridges.remove(&port);
                 self.tunnel_peer.remove(&port);
@@ -503,13 +535,7 @@ impl Driver {
     }
 
     fn start_underlay(&mut self, server: Ipv4Addr) -> Result<underlay::Handle, String> {
-        let peer = self
-            .shared
-            .config
-            .peers
-            .iter()
-            .find(|p| p.server == server)
-            .ok_or("not a configured peer")?;
+        let peer = self.shared.peer(server).ok_or("not a peer")?;
         let (tx, mut rx) = mpsc::channel(1024);
         let handle = underlay::spawn(
             underlay::filter_rules(&peer.ingress),

@@ -15,6 +15,7 @@
 //! ```
 
 mod data;
+mod discovery;
 mod driver;
 mod observe;
 mod peers;
@@ -155,6 +156,10 @@ enum Input {
     },
     /// The bridge of a tunnel port ended by itself.
     BridgeEnded { port: uniplane_overlay::PortId },
+    /// The directory lists a server this daemon has no peer for.
+    PeerFound { peer: crate::config::PeerConfig },
+    /// A server the directory listed is gone for good.
+    PeerLost { server: Ipv4Addr },
     /// A look at the driver's state (listings, metrics).
     Inspect(Box<dyn FnOnce(&driver::Driver) + Send>),
     /// An event for the core from the operator (a reload, a stop).
@@ -207,6 +212,8 @@ struct Shared {
     gpu_stats: Vec<(String, Arc<crate::devices::gpu::GpuStats>)>,
     /// The shared directory, when `[registry] kind = "etcd"`.
     naming: Option<crate::naming::etcd::Etcd>,
+    /// Every peer: the configured ones, and those the directory added.
+    roster: std::sync::RwLock<std::collections::HashMap<Ipv4Addr, crate::config::PeerConfig>>,
 }
 
 impl Shared {
@@ -230,6 +237,15 @@ impl Shared {
 
     fn uid(&self) -> Uid {
         Uid::new(self.server, DAEMON_DEVICE)
+    }
+
+    /// How to reach peer `server`, if it is one.
+    fn peer(&self, server: Ipv4Addr) -> Option<crate::config::PeerConfig> {
+        self.roster
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&server)
+            .cloned()
     }
 }
 
@@ -319,6 +335,9 @@ impl Daemon {
             gpu_memories: Mutex::new(gpu_memories),
             gpu_stats,
             naming,
+            roster: std::sync::RwLock::new(
+                config.peers.iter().map(|p| (p.server, p.clone())).collect(),
+            ),
             config,
         });
         let mut driver = driver::Driver::new(shared.clone(), core_config, rx);
@@ -334,6 +353,7 @@ impl Daemon {
         for p in &daemon.shared.config.peers {
             tokio::spawn(peers::dial_loop(daemon.shared.clone(), p.server));
         }
+        discovery::start(&daemon.shared);
         if let Some(addr) = daemon.shared.config.metrics {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
@@ -451,11 +471,16 @@ async fn start_naming(config: &Config) -> Result<Option<crate::naming::etcd::Etc
     let naming = Etcd::start(etcd)
         .await
         .map_err(|e| DaemonError::Naming(e.to_string()))?;
-    let record = serde_json::json!({
-        "name": config.name,
-        "peer_listen": config.peer_listen.to_string(),
-        "pid": std::process::id(),
-    })
+    let record = crate::naming::roster::ServerRecord {
+        name: config.name.clone(),
+        peer_listen: config.peer_listen,
+        tunnels: config
+            .stacks
+            .iter()
+            .filter_map(|s| Some((s.name.clone(), s.listen?)))
+            .collect(),
+    }
+    .to_json(std::process::id())
     .to_string();
     match naming
         .claim(server_key(config.server), record, true)
@@ -507,6 +532,22 @@ fn tunnel_mtu(stack: &dyn Stack) -> usize {
         .clamp(256, Message::MAX_PAYLOAD - crate::seal::SEAL_OVERHEAD)
 }
 
+/// What the core needs to know of a peer.
+fn peer_spec(p: &crate::config::PeerConfig, stacks: &[Arc<dyn Stack>]) -> PeerSpec {
+    PeerSpec {
+        server: p.server,
+        stack: p.stack.clone(),
+        classes: p.ingress.classes.clone(),
+        // The smallest of its stacks' (a pinned class may take another).
+        tunnel_mtu: std::iter::once(&p.stack)
+            .chain(p.pins.iter().map(|x| &x.stack))
+            .filter_map(|name| stacks.iter().find(|s| s.name() == name))
+            .map(|s| tunnel_mtu(s.as_ref()))
+            .min()
+            .unwrap_or(Message::MAX_PAYLOAD),
+    }
+}
+
 /// What the core needs of the configuration.
 fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
     let pattern = |p: &crate::config::UidPattern| UidMatch {
@@ -526,23 +567,7 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
                 label: format!("{:?}", d.kind).to_lowercase(),
             })
             .collect(),
-        peers: config
-            .peers
-            .iter()
-            .map(|p| PeerSpec {
-                server: p.server,
-                stack: p.stack.clone(),
-                classes: p.ingress.classes.clone(),
-                // The smallest of its stacks' (a pinned class may take
-                // another).
-                tunnel_mtu: std::iter::once(&p.stack)
-                    .chain(p.pins.iter().map(|x| &x.stack))
-                    .filter_map(|name| stacks.iter().find(|s| s.name() == name))
-                    .map(|s| tunnel_mtu(s.as_ref()))
-                    .min()
-                    .unwrap_or(Message::MAX_PAYLOAD),
-            })
-            .collect(),
+        peers: config.peers.iter().map(|p| peer_spec(p, stacks)).collect(),
         routes: config
             .routes
             .iter()

@@ -25,29 +25,24 @@ pub(super) fn status(d: &Driver) -> serde_json::Value {
         .peers()
         .into_iter()
         .map(|p| {
-            let address = shared
-                .config
-                .peers
-                .iter()
-                .find(|c| c.server == p.server)
-                .map(|c| c.address.to_string());
+            let conf = shared.peer(p.server);
+            let address = conf.as_ref().map(|c| c.address.to_string());
             let underlay = d
                 .underlay_counters()
                 .into_iter()
                 .find(|(s, _)| *s == p.server)
                 .map(|(_, c)| underlay_json(&c));
-            let conf = shared.config.peers.iter().find(|c| c.server == p.server);
             let tunnels: Vec<_> = p
                 .tunnels
                 .iter()
                 .map(|(class, port)| {
-                    let stack = conf.map(|c| c.tunnel_of(*class).0);
+                    let stack = conf.as_ref().map(|c| c.tunnel_of(*class).0);
                     json!({ "class": class, "port": port, "stack": stack })
                 })
                 .collect();
             // The largest payload its tunnels carry (the smallest of its
             // stacks', as the core has it).
-            let tunnel_mtu = conf.and_then(|c| {
+            let tunnel_mtu = conf.as_ref().and_then(|c| {
                 std::iter::once(&c.stack)
                     .chain(c.pins.iter().map(|x| &x.stack))
                     .filter_map(|name| shared.stacks.iter().find(|s| s.name() == name))

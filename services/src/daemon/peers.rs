@@ -88,7 +88,7 @@ async fn accept(
             PeerRequest::Hello { server, nonce, .. } => (server, nonce),
             _ => return Err(refuse("bad-request", "hello first".into())),
         };
-        if !shared.config.peers.iter().any(|p| p.server == server) {
+        if shared.peer(server).is_none() {
             return Err(refuse(
                 "refused",
                 format!("{server} is not a peer of this server"),
@@ -314,7 +314,8 @@ async fn session(
 /// Our channel to one peer, dialled again for as long as the daemon runs.
 pub(super) async fn dial_loop(shared: Arc<Shared>, server: Ipv4Addr) {
     let pause = shared.config.heartbeat.max(Duration::from_millis(50));
-    loop {
+    // Until the server is no peer any more (the directory's peers leave).
+    while shared.peer(server).is_some() {
         match channel(&shared, server).await {
             Ok(()) => {}
             Err(e) => tracing::debug!(%server, "peer channel: {e}"),
@@ -392,13 +393,7 @@ async fn prove(
 /// One life of our channel to `server`: the handshake, then what the core
 /// sends (heartbeats included) out, and the peer's verdicts in.
 async fn channel(shared: &Shared, server: Ipv4Addr) -> Result<(), String> {
-    let address = shared
-        .config
-        .peers
-        .iter()
-        .find(|p| p.server == server)
-        .ok_or("unknown peer")?
-        .address;
+    let address = shared.peer(server).ok_or("unknown peer")?.address;
     let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address))
         .await
         .map_err(|_| "connect timed out".to_string())?

@@ -110,7 +110,7 @@ async fn accept(
             "the first frame is not a tunnel hello to this daemon",
         ));
     }
-    let Some(peer) = shared.config.peers.iter().find(|p| p.server == from) else {
+    let Some(peer) = shared.peer(from) else {
         return Err(refuse("not a peer of this server"));
     };
     let secret = shared
@@ -208,12 +208,7 @@ pub(super) async fn open(
     server: Ipv4Addr,
     class: u8,
 ) -> Result<BoxLink, String> {
-    let peer = shared
-        .config
-        .peers
-        .iter()
-        .find(|p| p.server == server)
-        .ok_or("unknown peer")?;
+    let peer = shared.peer(server).ok_or("unknown peer")?;
     let secret = shared.secret.as_ref().ok_or("no cluster secret")?;
     let (stack_name, tunnel, mac) = peer.tunnel_of(class);
     let stack = shared

@@ -16,13 +16,16 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use std::net::Ipv4Addr;
+
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::{mpsc, oneshot};
 use uniplane_dataplane::Uid;
 
+use super::roster::{RosterEvent, ServerRecord};
 use super::{
     ClaimOutcome, Claims, ClaimsConfig, LeaseId, NamingAction, NamingError, NamingEvent,
     NamingView, Waiter,
@@ -282,6 +285,96 @@ impl Etcd {
             });
         }
         Ok(listing)
+    }
+}
+
+impl Etcd {
+    /// Watches the servers' records: a full listing first and after every
+    /// break of the watch (with a back-off), then each change. Records
+    /// that do not parse are left out and logged. Ends when the receiver
+    /// is dropped.
+    pub fn watch_servers(&self) -> mpsc::Receiver<RosterEvent> {
+        let (tx, rx) = mpsc::channel(256);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(200);
+            loop {
+                match this.list_and_watch(&tx).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::debug!("naming: watching the servers: {e}"),
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        });
+        rx
+    }
+
+    /// One listing and the watch after it, until it breaks (`Err`) or
+    /// nobody listens (`Ok`).
+    async fn list_and_watch(&self, tx: &mpsc::Sender<RosterEvent>) -> Result<(), String> {
+        let prefix = format!("{}/servers/", self.prefix);
+        let mut client = self.client.clone();
+        let listed = bounded(
+            self.timeout,
+            client.get(prefix.clone(), Some(GetOptions::new().with_prefix())),
+        )
+        .await?;
+        let revision = listed.header().map_or(0, |h| h.revision());
+        let parse = |key: &[u8], value: &[u8]| -> Option<(Ipv4Addr, ServerRecord)> {
+            let key = String::from_utf8_lossy(key);
+            let server: Ipv4Addr = key.strip_prefix(&prefix)?.parse().ok()?;
+            match ServerRecord::parse(value) {
+                Ok(r) => Some((server, r)),
+                Err(e) => {
+                    tracing::warn!(%server, "naming: a malformed server record is ignored: {e}");
+                    None
+                }
+            }
+        };
+        let list = listed
+            .kvs()
+            .iter()
+            .filter_map(|kv| parse(kv.key(), kv.value()))
+            .collect();
+        if tx.send(RosterEvent::Listed(list)).await.is_err() {
+            return Ok(());
+        }
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1)
+            .with_progress_notify();
+        let mut stream = bounded(self.timeout, client.watch(prefix.clone(), Some(options))).await?;
+        loop {
+            let Some(r) = stream.message().await.map_err(|e| e.to_string())? else {
+                return Err("the watch ended".into());
+            };
+            if r.canceled() {
+                return Err(format!("the watch was cancelled: {}", r.cancel_reason()));
+            }
+            for e in r.events() {
+                let Some(kv) = e.kv() else { continue };
+                let event = match e.event_type() {
+                    EventType::Put => match parse(kv.key(), kv.value()) {
+                        Some((s, record)) => RosterEvent::Put(s, record),
+                        None => continue,
+                    },
+                    EventType::Delete => {
+                        let key = String::from_utf8_lossy(kv.key());
+                        match key.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
+                            Some(s) => RosterEvent::Delete(s),
+                            None => continue,
+                        }
+                    }
+                };
+                if tx.send(event).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
     }
 }
 
