@@ -885,3 +885,63 @@ async fn servers_found_in_the_directory_become_peers_and_leave_when_their_record
     let _ = a;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_authentication_the_password_file_lets_a_daemon_in_and_a_wrong_one_not() {
+    if !have_etcd() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uniplane-naming-auth-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = Etcd::start(&dir);
+    etcd.ready().await;
+    let mut admin = etcd_client::Client::connect(&etcd.clients, None)
+        .await
+        .unwrap();
+    admin.user_add("root", "s3cret-root", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+    let registry = |file: &Path| {
+        let endpoints = etcd
+            .clients
+            .iter()
+            .map(|e| format!("\"{e}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "[server]\nid = \"10.43.0.1\"\nname = \"alpha\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
+             [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = 1\n\n\
+             [registry]\nkind = \"etcd\"\nendpoints = [{endpoints}]\nprefix = \"/uniplane-auth\"\n\
+             user = \"root\"\npassword_file = \"{}\"\ntimeout_ms = 2000\n",
+            free_port(),
+            file.display()
+        )
+    };
+    let wrong = dir.join("wrong.password");
+    std::fs::write(&wrong, "not-it\n").unwrap();
+    match embedded(
+        Config::parse(&registry(&wrong), "auth").unwrap(),
+        &dir.join("w"),
+    )
+    .await
+    {
+        Err(e) => assert!(e.to_string().contains("naming"), "{e}"),
+        Ok(_) => panic!("a wrong password was let in"),
+    }
+    let right = dir.join("right.password");
+    std::fs::write(&right, "s3cret-root\n").unwrap();
+    let (d, c) = embedded(
+        Config::parse(&registry(&right), "auth").unwrap(),
+        &dir.join("r"),
+    )
+    .await
+    .unwrap();
+    until(&d, "registered with credentials", all_held).await;
+    assert_eq!(
+        c.resolve("echo@alpha").await.unwrap().to_string(),
+        "10.43.0.1:1"
+    );
+    d.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
