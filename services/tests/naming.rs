@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::Value;
 use uniplane_netns::free_port;
-use uniplane_services::client::{embedded, Client, ClientError};
+use uniplane_services::client::{embedded, Client, ClientError, Detached};
 use uniplane_services::config::Config;
 use uniplane_services::control::Request;
 use uniplane_services::Daemon;
@@ -535,63 +535,6 @@ async fn connected(
     (conn, inbound)
 }
 
-/// Daemons running on a thread inside a namespace; stopped on drop.
-struct InNamespace {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl InNamespace {
-    fn start(ns: &uniplane_netns::Namespace, daemons: Vec<(String, PathBuf)>) -> InNamespace {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (started, result) = std::sync::mpsc::channel::<Result<(), String>>();
-        let thread = ns
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let mut running = Vec::new();
-                    for (text, dir) in daemons {
-                        let mut config = Config::parse(&text, "in-namespace").unwrap();
-                        config.runtime_dir = Some(dir);
-                        match Daemon::start(config).await {
-                            Ok(d) => running.push(d),
-                            Err(e) => {
-                                let _ = started.send(Err(e.to_string()));
-                                return;
-                            }
-                        }
-                    }
-                    let _ = started.send(Ok(()));
-                    let _ = stopped.await;
-                    for d in &running {
-                        d.shutdown();
-                    }
-                });
-            })
-            .unwrap();
-        result.recv_timeout(WAIT).unwrap().unwrap();
-        InNamespace {
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for InNamespace {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The etcd cluster in one namespace, two peered daemons in another, a
 /// veth between: cutting the link partitions etcd away from the daemons
 /// while a transfer runs between them.
@@ -621,7 +564,7 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
     let names = ["alpha", "beta"];
     let ports = [(free_port(), free_port()), (free_port(), free_port())];
     let dirs = [dir.join("d0"), dir.join("d1")];
-    let texts = (0..2)
+    let configs = (0..2)
         .map(|i| {
             let o = 1 - i;
             let text = config(
@@ -633,10 +576,13 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
                 &secret,
                 &etcd.clients,
             );
-            (text, dirs[i].clone())
+            let mut c = Config::parse(&text, "in-namespace").unwrap();
+            c.runtime_dir = Some(dirs[i].clone());
+            c
         })
         .collect();
-    let _daemons = InNamespace::start(&pair.a, texts);
+    let _daemons =
+        Detached::start(configs, |f| pair.a.spawn(f).map_err(std::io::Error::other)).unwrap();
     let ca = Client::connect(&dirs[0]).await.unwrap();
     let cb = Client::connect(&dirs[1]).await.unwrap();
     let start = Instant::now();
@@ -726,65 +672,6 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A daemon on a runtime of its own: dropping it ends every task of it
-/// at once (its lease is renewed no more), as a crashed process would.
-struct Crashable {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    dir: PathBuf,
-}
-
-impl Crashable {
-    fn start(text: String, dir: PathBuf) -> Crashable {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (started, result) = std::sync::mpsc::channel::<Result<(), String>>();
-        let runtime_dir = dir.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let mut config = Config::parse(&text, "crashable").unwrap();
-                config.runtime_dir = Some(runtime_dir);
-                match Daemon::start(config).await {
-                    Ok(d) => {
-                        let _ = started.send(Ok(()));
-                        let _ = stopped.await;
-                        d.shutdown();
-                    }
-                    Err(e) => {
-                        let _ = started.send(Err(e.to_string()));
-                    }
-                }
-            });
-            // The runtime drops here with every task of the daemon.
-        });
-        result.recv_timeout(WAIT).unwrap().unwrap();
-        Crashable {
-            stop: Some(stop),
-            thread: Some(thread),
-            dir,
-        }
-    }
-
-    fn crash(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Crashable {
-    fn drop(&mut self) {
-        self.crash();
-    }
-}
-
 /// Server `me`'s file with no peers: they come from the directory.
 fn discovering(me: &str, name: &str, ports: (u16, u16), secret: &Path, etcd: &[String]) -> String {
     let endpoints = etcd
@@ -835,7 +722,10 @@ async fn servers_found_in_the_directory_become_peers_and_leave_when_their_record
     let (a, ca) = embedded(Config::parse(&text_a, "a").unwrap(), &dir.join("a"))
         .await
         .unwrap();
-    let mut b = Crashable::start(text_b, dir.join("b"));
+    let dir_b = dir.join("b");
+    let mut config_b = Config::parse(&text_b, "b").unwrap();
+    config_b.runtime_dir = Some(dir_b.clone());
+    let mut b = Detached::start(vec![config_b], |f| Ok(std::thread::spawn(f))).unwrap();
 
     // Neither file names the other: each finds it in the directory.
     let start = Instant::now();
@@ -846,7 +736,7 @@ async fn servers_found_in_the_directory_become_peers_and_leave_when_their_record
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cb = Client::connect(&b.dir).await.unwrap();
+    let cb = Client::connect(&dir_b).await.unwrap();
     while !peers_alive(&cb).await {
         assert!(
             start.elapsed() < WAIT,
@@ -872,7 +762,7 @@ async fn servers_found_in_the_directory_become_peers_and_leave_when_their_record
     // Beta crashes: its lease runs out, its record goes, and after the
     // grace it is no peer of alpha's any more.
     drop(cb);
-    b.crash();
+    b.stop();
     let start = Instant::now();
     loop {
         let status = ca.request(&Request::Status).await.unwrap();

@@ -3,10 +3,13 @@
 //!
 //! Rendezvous goes through the daemon and nothing else: rank `r` of job
 //! `J` attaches as a resource named `coll-J-r` and listens on
-//! [`Options::port`]; every rank then asks the daemon for its resources
-//! (the control request `resources`, which lists each attached session
-//! with its name, UID and listening ports) until all `size` names are
-//! there, listening. Rank `i` connects to every rank `j > i` and accepts
+//! [`Options::port`]. When the daemon has a naming service
+//! (`[registry] kind = "etcd"`), the rank then claims that name in the
+//! cluster's directory, and every rank resolves the others' names there —
+//! so ranks on any servers meet. Without one, every rank asks its daemon
+//! (and those of [`Options::also_ask`]) for its resources (the control
+//! request `resources`, which lists each attached session with its name,
+//! UID and listening ports) until all `size` names are there, listening. Rank `i` connects to every rank `j > i` and accepts
 //! from every rank `j < i`; the acceptor greets each connection with a
 //! WELCOME frame, once, and the connector sends nothing before it
 //! arrives.
@@ -24,7 +27,7 @@ use std::time::Duration;
 use futures_util::future::try_join_all;
 use tokio::time::Instant;
 use uniplane_client::protocol::Request;
-use uniplane_client::{Client, Connection, DataPathOptions, Session, Wait};
+use uniplane_client::{Client, ClientError, Connection, DataPathOptions, Session, Wait};
 use uniplane_dataplane::Uid;
 
 use crate::comm::{mix, Communicator, Fabric};
@@ -189,11 +192,24 @@ pub async fn join(
         )
         .await?;
     let mut listener = session.listen(options.port).await?;
+    // Claimed once listening, so a rank that resolves the name can
+    // connect at once.
+    let directory = match session.register(&spec.name_of(spec.rank)).await {
+        Ok(()) => true,
+        Err(ClientError::Daemon { kind, .. }) if kind == "unsupported" => false,
+        Err(ClientError::Daemon { kind, message }) if kind == "exists" => {
+            return Err(Error::Setup(format!(
+                "{message}: is another job using the id {:?}?",
+                spec.job
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut others = Vec::new();
     for dir in &options.also_ask {
         others.push(Client::connect(dir).await?);
     }
-    let uids = discover(&session, &others, spec, options.port, deadline).await?;
+    let uids = discover(&session, &others, spec, options.port, directory, deadline).await?;
     let rank_of: HashMap<Uid, usize> = uids.iter().enumerate().map(|(i, u)| (*u, i)).collect();
     let me = spec.rank;
 
@@ -272,17 +288,49 @@ pub async fn join(
     Ok(Communicator::new(fabric, id, (0..spec.size).collect()))
 }
 
-/// The UID of every rank of `spec`, from the daemon's resource list, once
-/// all of them listen on `port`.
+/// The UID of every rank of `spec`, once all of them listen on `port`:
+/// from the cluster's directory (`directory`: ranks claim their names
+/// there once listening) or the daemons' resource lists.
 async fn discover(
     session: &Session,
     others: &[Client],
     spec: &WorldSpec,
     port: u16,
+    directory: bool,
     deadline: Instant,
 ) -> Result<Vec<Uid>, Error> {
     let names: HashMap<String, usize> = (0..spec.size).map(|i| (spec.name_of(i), i)).collect();
     let mut pause = Duration::from_millis(1);
+    if directory {
+        let mut uids: Vec<Option<Uid>> = vec![None; spec.size];
+        loop {
+            for (rank, slot) in uids.iter_mut().enumerate() {
+                if slot.is_some() {
+                    continue;
+                }
+                match session.client().resolve(&spec.name_of(rank)).await {
+                    Ok(uid) => *slot = Some(uid),
+                    // Not claimed yet, or the directory is out of reach
+                    // for a moment: asked again until the deadline.
+                    Err(ClientError::Daemon { kind, .. })
+                        if kind == "not-found" || kind == "unavailable" => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if uids.iter().all(Option::is_some) {
+                return Ok(uids.into_iter().flatten().collect());
+            }
+            if Instant::now() + pause > deadline {
+                let missing: Vec<usize> = (0..spec.size).filter(|&i| uids[i].is_none()).collect();
+                return Err(Error::Setup(format!(
+                    "ranks {missing:?} of job {:?} did not appear in the directory in time",
+                    spec.job
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
     loop {
         let mut lists = vec![session.client().request(&Request::Resources).await?];
         for c in others {
