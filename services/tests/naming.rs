@@ -13,11 +13,12 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
+use uniplane_netns::etcd::{wait_healthy, EtcdCluster};
 use uniplane_netns::free_port;
 use uniplane_services::client::{embedded, Client, ClientError, Detached};
 use uniplane_services::config::Config;
@@ -28,118 +29,18 @@ const WAIT: Duration = Duration::from_secs(30);
 const PORT: u16 = 4200;
 
 fn have_etcd() -> bool {
-    let found = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_none(),
-            "etcd is not installed (apt-get install etcd-server)"
-        );
-        eprintln!("skipped: etcd is not installed");
-    }
-    found
+    uniplane_netns::etcd::require("naming")
 }
 
-/// Three etcd members on loopback; killed on drop.
-struct Etcd {
-    members: Vec<Child>,
-    clients: Vec<String>,
-}
-
-impl Etcd {
-    /// Three members on loopback.
-    fn start(dir: &Path) -> Etcd {
-        Etcd::start_with(dir, Ipv4Addr::LOCALHOST, || Command::new("etcd"))
-    }
-
-    /// Three members listening on `host`, each started by `etcd()` (a
-    /// command that runs `etcd`, in a namespace perhaps).
-    fn start_with(dir: &Path, host: Ipv4Addr, etcd: impl Fn() -> Command) -> Etcd {
-        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let clients: Vec<String> = (0..3)
-            .map(|_| format!("http://{host}:{}", free_port()))
-            .collect();
-        let initial = (0..3)
-            .map(|i| format!("m{i}=http://{host}:{}", peers[i]))
-            .collect::<Vec<_>>()
-            .join(",");
-        let members = (0..3)
-            .map(|i| {
-                let peer = format!("http://{host}:{}", peers[i]);
-                etcd()
-                    .args(["--name", &format!("m{i}")])
-                    .arg("--data-dir")
-                    .arg(dir.join(format!("m{i}")))
-                    .args(["--listen-client-urls", &clients[i]])
-                    .args(["--advertise-client-urls", &clients[i]])
-                    .args(["--listen-peer-urls", &peer])
-                    .args(["--initial-advertise-peer-urls", &peer])
-                    .args(["--initial-cluster", &initial])
-                    .args(["--initial-cluster-state", "new"])
-                    .args(["--initial-cluster-token", "uniplane-test"])
-                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-                    .args(["--logger", "zap", "--log-level", "error"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("etcd")
-            })
-            .collect();
-        Etcd { members, clients }
-    }
-
-    /// Waits until every member answers with a leader.
-    async fn ready(&self) {
-        ready(&self.clients).await;
-    }
-
-    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the first `n` members.
-    fn signal_some(&self, n: usize, sig: libc::c_int) {
-        for m in &self.members[..n] {
-            // SAFETY: kill(2) on our own child's pid.
-            let r = unsafe { libc::kill(m.id() as libc::pid_t, sig) };
-            assert_eq!(r, 0, "signal etcd");
-        }
-    }
-}
-
-/// Waits until every member at `clients` answers with a leader.
-async fn ready(clients: &[String]) {
-    {
-        let start = Instant::now();
-        for url in clients {
-            loop {
-                let ok = async {
-                    let mut c = etcd_client::Client::connect([url], None).await.ok()?;
-                    let s = tokio::time::timeout(Duration::from_millis(500), c.status())
-                        .await
-                        .ok()?
-                        .ok()?;
-                    (s.leader() != 0).then_some(())
-                }
-                .await;
-                if ok.is_some() {
-                    break;
-                }
-                assert!(start.elapsed() < WAIT, "etcd did not come up");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.signal_some(self.members.len(), libc::SIGCONT);
-        for m in &mut self.members {
-            let _ = m.kill();
-            let _ = m.wait();
-        }
-    }
+/// Three members on loopback, healthy.
+async fn etcd_on_loopback(dir: &Path) -> EtcdCluster {
+    let etcd = EtcdCluster::start(dir, Ipv4Addr::LOCALHOST, 3, || Command::new("etcd"));
+    let clients = etcd.clients.clone();
+    tokio::task::spawn_blocking(move || wait_healthy(&clients, WAIT))
+        .await
+        .unwrap()
+        .unwrap();
+    etcd
 }
 
 fn config(
@@ -186,7 +87,7 @@ async fn peers_alive(c: &Client) -> bool {
 struct Fabric {
     daemons: Vec<Daemon>,
     dir: PathBuf,
-    etcd: Etcd,
+    etcd: EtcdCluster,
     texts: Vec<String>,
 }
 
@@ -203,8 +104,7 @@ async fn fabric(tag: &str) -> Fabric {
     let dir = std::env::temp_dir().join(format!("uniplane-naming-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let etcd = Etcd::start(&dir);
-    etcd.ready().await;
+    let etcd = etcd_on_loopback(&dir).await;
     let secret = dir.join("cluster.key");
     uniplane_services::auth::Key::generate(&secret).unwrap();
     let ids = ["10.41.0.1", "10.41.0.2"];
@@ -410,7 +310,7 @@ async fn without_quorum_new_names_fail_and_every_claim_is_held_again_once_after(
 
     // Two of three members frozen: the one left has no quorum and
     // answers nothing.
-    f.etcd.signal_some(2, libc::SIGSTOP);
+    f.etcd.signal(2, libc::SIGSTOP);
     let t = Instant::now();
     match sender.register("late").await {
         Err(ClientError::Daemon { kind, message }) => {
@@ -429,7 +329,7 @@ async fn without_quorum_new_names_fail_and_every_claim_is_held_again_once_after(
     until(a, "lease given up", |v| v["claims"]["lease"].is_null()).await;
     until(b, "lease given up", |v| v["claims"]["lease"].is_null()).await;
 
-    f.etcd.signal_some(2, libc::SIGCONT);
+    f.etcd.signal(2, libc::SIGCONT);
     let va = until(a, "claims held again", |v| {
         all_held(v) && v["servers"].as_array().is_some_and(|s| s.len() == 2)
     })
@@ -547,16 +447,11 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let pair = uniplane_netns::Pair::new().unwrap();
-    let etcd = Etcd::start_with(&dir, pair.addr_b, || pair.b.command("etcd"));
+    let etcd = EtcdCluster::start(&dir, pair.addr_b, 3, || pair.b.command("etcd"));
     let clients = etcd.clients.clone();
     pair.a
-        .run(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(ready(&clients))
-        })
+        .run(move || wait_healthy(&clients, WAIT))
+        .unwrap()
         .unwrap();
     let secret = dir.join("cluster.key");
     uniplane_services::auth::Key::generate(&secret).unwrap();
@@ -701,8 +596,7 @@ async fn servers_found_in_the_directory_become_peers_and_leave_when_their_record
     let dir = std::env::temp_dir().join(format!("uniplane-naming-discover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let etcd = Etcd::start(&dir);
-    etcd.ready().await;
+    let etcd = etcd_on_loopback(&dir).await;
     let secret = dir.join("cluster.key");
     uniplane_services::auth::Key::generate(&secret).unwrap();
     let text_a = discovering(
@@ -784,8 +678,7 @@ async fn with_etcd_authentication_the_password_file_lets_a_daemon_in_and_a_wrong
     let dir = std::env::temp_dir().join(format!("uniplane-naming-auth-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let etcd = Etcd::start(&dir);
-    etcd.ready().await;
+    let etcd = etcd_on_loopback(&dir).await;
     let mut admin = etcd_client::Client::connect(&etcd.clients, None)
         .await
         .unwrap();

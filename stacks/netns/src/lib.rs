@@ -17,6 +17,9 @@
 //!   EtherType at an interface's ingress (an nftables `netdev` chain: the
 //!   `inet` hooks never see EtherTypes other than IP).
 //!
+//! - [`etcd`]: a real etcd cluster (Debian's `etcd-server`) for the
+//!   naming service's tests, on loopback or inside a namespace.
+//!
 //! - [`free_port`]: a loopback port below the kernel's ephemeral range,
 //!   so a daemon's outgoing connection never takes the port another is
 //!   about to listen on.
@@ -25,6 +28,7 @@
 //! [`require`] tells a test whether to run: when the tools are missing it
 //! returns `false` (skip), or panics when `UNIPLANE_REQUIRE_TOOLS=1`.
 
+pub mod etcd;
 pub mod frame_relay;
 pub mod ports;
 pub mod relay;

@@ -1,10 +1,14 @@
-//! `uniplane-run -n N [--runtime DIR] [--job ID] PROGRAM [ARGS…]`: starts
-//! N copies of PROGRAM as the ranks of one world, like `mpirun`.
+//! `uniplane-run -n N [--runtime DIR[,DIR…]] [--netns NS[,NS…]] [--job ID]
+//! PROGRAM [ARGS…]`: starts N copies of PROGRAM as the ranks of one
+//! world, like `mpirun`.
 //!
 //! Each copy gets `UNIPLANE_COLL_RANK`, `UNIPLANE_COLL_SIZE` and
 //! `UNIPLANE_COLL_JOB` (a fresh job id unless `--job` names one), and
-//! `UNIPLANE_RUNTIME_DIR` when `--runtime` is given; the ranks meet
-//! through that daemon. The launcher waits for all of them; the first
+//! `UNIPLANE_RUNTIME_DIR` when `--runtime` is given: with several
+//! directories, rank r attaches to the daemon of the (r mod k)-th — ranks
+//! spread over servers, which meet through the cluster's directory
+//! (`[registry] kind = "etcd"`). With `--netns`, rank r runs inside the
+//! (r mod k)-th network namespace (`ip netns exec`, as root). The launcher waits for all of them; the first
 //! that fails (non-zero exit or a signal) ends the others, and its status
 //! becomes the launcher's exit code (128 + signal for a signal, as a
 //! shell reports it). Ctrl-C ends every rank.
@@ -15,18 +19,27 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::process::{Child, Command};
 use uniplane_collectives::world::env;
 
-const USAGE: &str = "usage: uniplane-run -n N [--runtime DIR] [--job ID] PROGRAM [ARGS...]";
+const USAGE: &str =
+    "usage: uniplane-run -n N [--runtime DIR[,DIR...]] [--netns NS[,NS...]] [--job ID] PROGRAM [ARGS...]";
 
 struct Args {
     n: usize,
-    runtime: Option<String>,
+    runtime: Vec<String>,
+    netns: Vec<String>,
     job: Option<String>,
     program: String,
     args: Vec<String>,
 }
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let (mut n, mut runtime, mut job) = (None, None, None);
+    let (mut n, mut runtime, mut netns, mut job) = (None, Vec::new(), Vec::new(), None);
+    let list = |v: String, what: &str| -> Result<Vec<String>, String> {
+        let items: Vec<String> = v.split(',').map(str::to_owned).collect();
+        if items.iter().any(String::is_empty) {
+            return Err(format!("{what} {v}: an empty item"));
+        }
+        Ok(items)
+    };
     loop {
         let Some(a) = it.next() else {
             return Err("no PROGRAM given".into());
@@ -40,7 +53,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 }
                 n = Some(v);
             }
-            "--runtime" => runtime = Some(it.next().ok_or("--runtime needs a directory")?),
+            "--runtime" => {
+                runtime = list(it.next().ok_or("--runtime needs a directory")?, "--runtime")?
+            }
+            "--netns" => netns = list(it.next().ok_or("--netns needs a namespace")?, "--netns")?,
             "--job" => job = Some(it.next().ok_or("--job needs an id")?),
             "-h" | "--help" => return Err(String::new()),
             "--" => {
@@ -48,6 +64,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 return Ok(Args {
                     n: n.ok_or("-n N is required")?,
                     runtime,
+                    netns,
                     job,
                     program,
                     args: it.collect(),
@@ -58,6 +75,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 return Ok(Args {
                     n: n.ok_or("-n N is required")?,
                     runtime,
+                    netns,
                     job,
                     program: a,
                     args: it.collect(),
@@ -87,14 +105,24 @@ async fn run(args: Args) -> Result<u8, String> {
     });
     let mut children: Vec<Child> = Vec::with_capacity(args.n);
     for rank in 0..args.n {
-        let mut cmd = Command::new(&args.program);
+        let mut cmd = if args.netns.is_empty() {
+            Command::new(&args.program)
+        } else {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &args.netns[rank % args.netns.len()]])
+                .arg(&args.program);
+            c
+        };
         cmd.args(&args.args)
             .env(env::RANK, rank.to_string())
             .env(env::SIZE, args.n.to_string())
             .env(env::JOB, &job)
             .kill_on_drop(true);
-        if let Some(dir) = &args.runtime {
-            cmd.env("UNIPLANE_RUNTIME_DIR", dir);
+        if !args.runtime.is_empty() {
+            cmd.env(
+                "UNIPLANE_RUNTIME_DIR",
+                &args.runtime[rank % args.runtime.len()],
+            );
         }
         match cmd.spawn() {
             Ok(c) => children.push(c),
