@@ -170,6 +170,37 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol(format!("resolve answered {v}")))
     }
 
+    /// Resolves every one of `names`, asking again for those not claimed
+    /// yet (or while the directory is out of reach) until `deadline`:
+    /// each name's UID, `None` for those still missing at the deadline.
+    /// Any other error ends the wait.
+    pub async fn resolve_all(
+        &self,
+        names: &[String],
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Option<Uid>>, ClientError> {
+        let mut found: Vec<Option<Uid>> = vec![None; names.len()];
+        let mut pause = Duration::from_millis(1);
+        loop {
+            for (name, slot) in names.iter().zip(found.iter_mut()) {
+                if slot.is_some() {
+                    continue;
+                }
+                match self.resolve(name).await {
+                    Ok(uid) => *slot = Some(uid),
+                    Err(ClientError::Daemon { kind, .. })
+                        if kind == "not-found" || kind == "unavailable" => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if found.iter().all(Option::is_some) || tokio::time::Instant::now() + pause > deadline {
+                return Ok(found);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
     /// Registers this process as a resource named `name` and opens its
     /// data path, which parks while idle ([`DataPathOptions::default`]).
     /// The resource lives as long as the session.

@@ -302,34 +302,16 @@ async fn discover(
     let names: HashMap<String, usize> = (0..spec.size).map(|i| (spec.name_of(i), i)).collect();
     let mut pause = Duration::from_millis(1);
     if directory {
-        let mut uids: Vec<Option<Uid>> = vec![None; spec.size];
-        loop {
-            for (rank, slot) in uids.iter_mut().enumerate() {
-                if slot.is_some() {
-                    continue;
-                }
-                match session.client().resolve(&spec.name_of(rank)).await {
-                    Ok(uid) => *slot = Some(uid),
-                    // Not claimed yet, or the directory is out of reach
-                    // for a moment: asked again until the deadline.
-                    Err(ClientError::Daemon { kind, .. })
-                        if kind == "not-found" || kind == "unavailable" => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if uids.iter().all(Option::is_some) {
-                return Ok(uids.into_iter().flatten().collect());
-            }
-            if Instant::now() + pause > deadline {
-                let missing: Vec<usize> = (0..spec.size).filter(|&i| uids[i].is_none()).collect();
-                return Err(Error::Setup(format!(
-                    "ranks {missing:?} of job {:?} did not appear in the directory in time",
-                    spec.job
-                )));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
+        let wanted: Vec<String> = (0..spec.size).map(|i| spec.name_of(i)).collect();
+        let uids = session.client().resolve_all(&wanted, deadline).await?;
+        let missing: Vec<usize> = (0..spec.size).filter(|&i| uids[i].is_none()).collect();
+        if !missing.is_empty() {
+            return Err(Error::Setup(format!(
+                "ranks {missing:?} of job {:?} did not appear in the directory in time",
+                spec.job
+            )));
         }
+        return Ok(uids.into_iter().flatten().collect());
     }
     loop {
         let mut lists = vec![session.client().request(&Request::Resources).await?];

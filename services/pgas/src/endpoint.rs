@@ -231,6 +231,37 @@ impl Endpoint {
         self.inner.session.uid()
     }
 
+    /// The group of `size` endpoints named `{job}-0` … `{job}-{size-1}`
+    /// in the cluster's directory (`[registry] kind = "etcd"`): claims
+    /// `{job}-{rank}` for this endpoint (it listens already), then
+    /// resolves the others' names until all are found or
+    /// [`Options::join_timeout`] passes. Endpoints on any servers build
+    /// the same group this way, with no launcher collecting UIDs.
+    pub async fn group_by_name(
+        &self,
+        job: &str,
+        rank: usize,
+        size: usize,
+    ) -> Result<Group, PgasError> {
+        if rank >= size {
+            return Err(PgasError::NoRank(rank));
+        }
+        let name = |r: usize| format!("{job}-{r}");
+        self.inner.session.register(&name(rank)).await?;
+        let deadline = tokio::time::Instant::now() + self.inner.options.join_timeout;
+        let names: Vec<String> = (0..size).map(name).collect();
+        let found = self
+            .inner
+            .session
+            .client()
+            .resolve_all(&names, deadline)
+            .await?;
+        if found.iter().any(Option::is_none) {
+            return Err(PgasError::Timeout("finding the group's endpoints by name"));
+        }
+        Ok(Group::new(found.into_iter().flatten().collect()))
+    }
+
     /// Connects to every member of `group` (this endpoint among them),
     /// waiting for members that are not listening yet up to
     /// [`Options::join_timeout`]. Members join concurrently.

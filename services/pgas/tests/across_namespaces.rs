@@ -1,0 +1,76 @@
+//! The Jacobi example of the Shoal paper with its four endpoints as four
+//! processes in two network namespaces joined by a veth: a daemon in each
+//! (peered over a TCP tunnel on the veth), the cluster's directory on an
+//! etcd member in the first; ranks 0 and 2 in the first namespace, 1 and
+//! 3 in the second. The endpoints find each other by name through the
+//! directory (`Endpoint::group_by_name`) and each checks its strip
+//! against the single-process reference, bit for bit.
+//!
+//! Needs root with `ip netns`, and `etcd`; skips otherwise, unless
+//! `UNIPLANE_REQUIRE_TOOLS=1` makes that a failure.
+
+#[path = "../../testkit/two_namespaces.rs"]
+mod two_namespaces;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::process::Command;
+use two_namespaces::TwoNamespaces;
+
+/// The example program, which `cargo test` builds next to the tests.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    profile.join("examples").join(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jacobi_on_four_processes_in_two_namespaces_matches_the_reference() {
+    if !TwoNamespaces::available("jacobi across namespaces") {
+        return;
+    }
+    let program = example("jacobi_rank");
+    assert!(program.is_file(), "{} not built", program.display());
+    let two = TwoNamespaces::start(52).await;
+    let size = 4;
+    let ranks = (0..size).map(|rank| {
+        let side = rank % 2;
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                [two.pair.a.name(), two.pair.b.name()][side],
+            ])
+            .arg(&program)
+            .args(["96", "60"])
+            .env("UNIPLANE_RUNTIME_DIR", &two.dirs[side])
+            .env("UNIPLANE_COLL_RANK", rank.to_string())
+            .env("UNIPLANE_COLL_SIZE", size.to_string())
+            .env("UNIPLANE_COLL_JOB", "netns")
+            .kill_on_drop(true)
+            .output()
+    });
+    let outs = tokio::time::timeout(
+        Duration::from_secs(90),
+        futures_util::future::join_all(ranks),
+    )
+    .await
+    .expect("the ranks finish in time");
+    for (rank, out) in outs.into_iter().enumerate() {
+        let out = out.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "rank {rank}: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("rank {rank} of {size}: jacobi 96x96")),
+            "{stdout}"
+        );
+    }
+    // Halos crossed the tunnel between the namespaces.
+    assert!(two.bytes_a_to_b().await > 0);
+}
