@@ -75,6 +75,9 @@ pub struct SimConfig {
     pub messages: u32,
     /// Connections a client has in flight at once.
     pub window: usize,
+    /// Longest time a client keeps a connection open once its messages
+    /// are delivered (each keeps it a random time up to this).
+    pub hold: Duration,
     /// Whether each server runs the overlay engine (else its connectors
     /// alone decide each message).
     pub engine: bool,
@@ -111,6 +114,7 @@ impl SimConfig {
             degree: 8,
             messages: 4,
             window: 4,
+            hold: Duration::from_millis(20),
             engine: true,
             latency: Duration::from_micros(20),
             bandwidth: 10_000_000_000,
@@ -142,7 +146,7 @@ impl SimConfig {
     /// The command line that repeats this run.
     pub fn replay_command(&self) -> String {
         let mut c = format!(
-            "uniplane-sim --servers {} --seed {} --connections {} --workload {} --degree {} --messages {} --window {}",
+            "uniplane-sim --servers {} --seed {} --connections {} --workload {} --degree {} --messages {} --window {} --hold-us {}",
             self.servers,
             self.seed,
             self.connections,
@@ -150,6 +154,7 @@ impl SimConfig {
             self.degree,
             self.messages,
             self.window,
+            self.hold.as_micros(),
         );
         if !self.faults.is_empty() {
             let f: Vec<String> = self.faults.iter().map(|f| value(*f)).collect();

@@ -333,6 +333,8 @@ pub struct Fabric {
     clients_left: usize,
     /// When a client last finished a connection.
     progress: u64,
+    /// Whether the collective was abandoned after a failure.
+    aborted: bool,
     report: Report,
     violation: Option<Violation>,
     hash: u64,
@@ -402,6 +404,7 @@ impl Fabric {
             faults_left: 0,
             clients_left: if todo == 0 { 0 } else { n },
             progress: 0,
+            aborted: false,
             violation: None,
             hash: 0xcbf2_9ce4_8422_2325,
             buf: Vec::new(),
@@ -426,7 +429,8 @@ impl Fabric {
         // Faults fall while the workload runs: from the first connections
         // on, over a span that grows with the work.
         let start = 5_000_000;
-        let span = 20 * fail + 1_000_000 * self.config.connections as u64;
+        let rounds = self.config.connections.div_ceil(self.config.window.max(1)) as u64;
+        let span = rounds * (ns(self.config.hold) / 2 + 2_000_000) + 2 * fail;
         if self.config.has(Fault::Crash) {
             for _ in 0..self.config.crashes {
                 let s = rng.below(n) as Sid;
@@ -520,7 +524,8 @@ impl Fabric {
 
     fn final_checks(&mut self, finished: bool) {
         for f in &self.flows {
-            if f.delivered < f.sent && !f.told {
+            // A sender that closed before its messages arrived knows.
+            if f.delivered < f.sent && !f.told && !f.closing {
                 let what = format!(
                     "{:?}: {} of {} messages lost and the sender was never told",
                     f.conn,
@@ -661,6 +666,7 @@ impl Fabric {
                     return;
                 }
                 let app = &self.servers[w.s as usize].apps[w.app];
+                self.report.notify_checks += 1;
                 if app.open.contains_key(&w.conn) {
                     let what = format!(
                         "server {} crashed and {:?} on server {} was not notified within {:?}",
@@ -1289,6 +1295,16 @@ impl Fabric {
             let t = self.now + within;
             self.at(t, Ev::Deadline { watch: w });
         }
+        // A survivor that dies in turn no longer has to converge.
+        let now = self.now;
+        let report = &mut self.report;
+        self.converging.retain_mut(|c| {
+            if c.waiting.remove(&s) && c.waiting.is_empty() {
+                report.convergence.push((now - c.since) as f64 / 1e6);
+                return false;
+            }
+            true
+        });
         self.converging.push(Convergence {
             dead: s,
             since: self.now,
@@ -1470,8 +1486,8 @@ impl Fabric {
                             closing: false,
                         });
                         self.servers[s as usize].apps[1].open.insert(conn, Some(id));
-                        if total == 0 {
-                            let d = self.rng.below(1_000_000);
+                        if total == 0 || self.aborted {
+                            let d = self.rng.below(ns(self.config.hold).max(1));
                             self.after(
                                 d,
                                 Ev::App {
@@ -1501,6 +1517,7 @@ impl Fabric {
                                 .or_default() += 1;
                         }
                         self.connection_done(s);
+                        self.abort_collective();
                     }
                 }
             }
@@ -1532,25 +1549,38 @@ impl Fabric {
                     Some(Some(flow)) => {
                         self.flows[flow as usize].told = true;
                         self.connection_done(s);
+                        self.abort_collective();
                     }
-                    Some(None) if self.config.workload == Workload::Collective => {
-                        // A member of the ring is gone: the collective
-                        // fails and this server's part of it closes.
-                        let client = &self.servers[s as usize].apps[1];
-                        if let Some(&Some(flow)) = client.open.values().find(|f| f.is_some()) {
-                            let inc = self.servers[s as usize].inc;
-                            self.after(
-                                1_000,
-                                Ev::App {
-                                    s,
-                                    inc,
-                                    op: AppOp::Close(flow),
-                                },
-                            );
-                        }
-                    }
+                    Some(None) => self.abort_collective(),
                     _ => {}
                 }
+            }
+        }
+    }
+
+    /// A collective whose member failed is abandoned, as its job launcher
+    /// would: every client closes its part of the ring.
+    fn abort_collective(&mut self) {
+        if self.config.workload != Workload::Collective || self.aborted {
+            return;
+        }
+        self.aborted = true;
+        for s in 0..self.servers.len() as Sid {
+            let server = &self.servers[s as usize];
+            if !server.alive || server.apps.len() < 2 {
+                continue;
+            }
+            let inc = server.inc;
+            let flows: Vec<FlowId> = server.apps[1].open.values().flatten().copied().collect();
+            for flow in flows {
+                self.after(
+                    1_000,
+                    Ev::App {
+                        s,
+                        inc,
+                        op: AppOp::Close(flow),
+                    },
+                );
             }
         }
     }
@@ -1774,8 +1804,9 @@ impl Fabric {
             }
             _ => {
                 if delivered == total {
-                    // The receiver acknowledged everything: the client closes.
-                    let d = self.rng.below(1_000_000);
+                    // The receiver acknowledged everything: the client
+                    // keeps the connection a while, then closes.
+                    let d = self.rng.below(ns(self.config.hold).max(1));
                     self.after(
                         d,
                         Ev::App {

@@ -55,6 +55,10 @@ struct Args {
     /// Connections a client has in flight at once.
     #[arg(long, default_value_t = 4)]
     window: usize,
+    /// Longest time in µs a client keeps a connection once its messages
+    /// are delivered.
+    #[arg(long, default_value_t = 20_000)]
+    hold_us: u64,
     /// One-way link latency in µs.
     #[arg(long, default_value_t = 20)]
     latency_us: u64,
@@ -91,6 +95,7 @@ fn config(a: &Args, seed: u64) -> SimConfig {
     c.degree = a.degree;
     c.messages = a.messages;
     c.window = a.window.max(1);
+    c.hold = Duration::from_micros(a.hold_us);
     c.latency = Duration::from_micros(a.latency_us.max(1));
     c.heartbeat = Duration::from_millis(a.heartbeat_ms.max(1));
     c.misses = a.misses.max(1);

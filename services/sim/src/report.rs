@@ -72,6 +72,9 @@ pub struct Report {
     pub dropped_at_plane: u64,
     /// Packets the wire lost (and the transport sent again).
     pub retransmissions: u64,
+    /// Connections to a crashed server checked for their notice at the
+    /// deadline.
+    pub notify_checks: u64,
     /// Plane-against-core state checks made.
     pub state_checks: u64,
 }
