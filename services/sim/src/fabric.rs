@@ -593,7 +593,7 @@ impl Fabric {
                     },
                 );
                 let every = self.config.check_every.max(1);
-                if self.servers[s as usize].batches % every == 0 {
+                if self.servers[s as usize].batches.is_multiple_of(every) {
                     self.check_state(s, false);
                 }
             }
