@@ -1305,6 +1305,7 @@ impl Fabric {
             }
             true
         });
+        let survivors: Vec<Sid> = waiting.iter().copied().collect();
         self.converging.push(Convergence {
             dead: s,
             since: self.now,
@@ -1336,6 +1337,12 @@ impl Fabric {
             self.close_tunnel(tid);
         }
         self.out_tunnels.retain(|k, _| k.0 != s);
+        // A survivor cut off from it already may be consistent now.
+        let mut survivors = survivors;
+        survivors.sort_unstable();
+        for o in survivors {
+            self.converged(o);
+        }
         let down = 2 * ns(self.config.notify_within()) + self.rng.below(20_000_000);
         self.after(down, Ev::Restart { s });
     }
