@@ -468,6 +468,11 @@ impl Fabric {
         self.hash = (self.hash ^ v).wrapping_mul(0x0100_0000_01b3);
     }
 
+    fn mix_conn(&mut self, c: ConnKey) {
+        self.mix(c.src.to_u64() << 16 | c.src_port as u64);
+        self.mix(c.dst.to_u64() << 16 | c.dst_port as u64);
+    }
+
     fn fail(&mut self, what: String) {
         if self.violation.is_none() {
             self.violation = Some(Violation {
@@ -814,6 +819,7 @@ impl Fabric {
                 status,
             } => {
                 self.mix(0x30 | (kind.to_u8() as u64) << 8);
+                self.mix_conn(conn);
                 self.notice(s, to, kind, conn, status);
             }
             Action::ToPeer { server, msg } => {
@@ -821,7 +827,11 @@ impl Fabric {
                 match &msg {
                     PeerMsg::Heartbeat => self.report.heartbeats += 1,
                     PeerMsg::Connect { .. } => self.report.setup_msgs += 1,
-                    PeerMsg::Close { .. } => self.report.close_msgs += 1,
+                    PeerMsg::Close { conn, .. } => {
+                        self.report.close_msgs += 1;
+                        let conn = *conn;
+                        self.mix_conn(conn);
+                    }
                 }
                 self.channel_send(s, b, Payload::Peer(msg));
             }
