@@ -1018,7 +1018,7 @@ impl Fabric {
             }
             let tunnel = p.tunnel;
             let (_, payload) = p.q.pop_front().expect("a head");
-            if let Some(back) = self.deliver(id, from, to, tunnel, payload) {
+            if let Some(back) = self.deliver(from, to, tunnel, payload) {
                 // The receiving port is not ready: it waits at the head.
                 let p = &mut self.pipes[id as usize];
                 p.q.push_front((self.now, back));
@@ -1033,7 +1033,6 @@ impl Fabric {
     /// port is not attached yet.
     fn deliver(
         &mut self,
-        _id: PipeId,
         from: Sid,
         to: Sid,
         tunnel: Option<(TunnelId, bool)>,

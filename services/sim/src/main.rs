@@ -5,6 +5,7 @@
 //! uniplane-sim --servers 1000 --connections 100 --no-engine --json
 //! ```
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -83,6 +84,13 @@ struct Args {
     json: bool,
 }
 
+/// Prints a line; a reader that went away (`| head`) ends nothing badly.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 fn config(a: &Args, seed: u64) -> SimConfig {
     let mut c = SimConfig::new(a.servers, seed);
     c.connections = a.connections;
@@ -108,19 +116,22 @@ fn config(a: &Args, seed: u64) -> SimConfig {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.servers < 2 {
-        eprintln!("uniplane-sim: --servers must be at least 2");
+        esay!("uniplane-sim: --servers must be at least 2");
         return ExitCode::from(2);
     }
     let mut reports: Vec<Report> = Vec::new();
     for k in 0..args.seeds.max(1) {
         let r = uniplane_sim::run(config(&args, args.seed + k));
         if let Some(v) = &r.violation {
-            eprintln!(
+            esay!(
                 "violation at {:.3} ms of seed {}: {}\nreplay: {}",
-                v.at_ms, r.seed, v.what, r.replay
+                v.at_ms,
+                r.seed,
+                v.what,
+                r.replay
             );
         } else if !args.json {
-            println!(
+            say!(
                 "seed {}: {} events in {:.3} s ({:.0} events/s), {:.1} ms simulated, {} connections, {} delivered, trace {}",
                 r.seed, r.events, r.wall_s, r.events_per_sec, r.sim_ms, r.connected, r.delivered, r.trace_hash
             );
@@ -174,9 +185,9 @@ fn main() -> ExitCode {
             },
             "runs": if reports.len() == 1 { serde_json::to_value(&reports[0]).ok() } else { None },
         });
-        println!("{out}");
+        say!("{out}");
     } else {
-        println!(
+        say!(
             "{} seeds, {} violations; {:.0} events/s; {} remote setups at {:.2} setup messages each ({:.2} with closes); convergence after a crash: max {}, mean {}",
             reports.len(),
             violations,
