@@ -116,19 +116,16 @@ fn config(a: &Args, seed: u64) -> SimConfig {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.servers < 2 {
-        esay!("uniplane-sim: --servers must be at least 2");
+        eprintln!("uniplane-sim: --servers must be at least 2");
         return ExitCode::from(2);
     }
     let mut reports: Vec<Report> = Vec::new();
     for k in 0..args.seeds.max(1) {
         let r = uniplane_sim::run(config(&args, args.seed + k));
         if let Some(v) = &r.violation {
-            esay!(
+            eprintln!(
                 "violation at {:.3} ms of seed {}: {}\nreplay: {}",
-                v.at_ms,
-                r.seed,
-                v.what,
-                r.replay
+                v.at_ms, r.seed, v.what, r.replay
             );
         } else if !args.json {
             say!(
