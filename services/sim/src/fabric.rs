@@ -221,7 +221,6 @@ struct Tunnel {
     b_port: Option<PortId>,
     /// a→b and b→a.
     pipes: [PipeId; 2],
-    open: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -617,12 +616,10 @@ impl Fabric {
                 }
             }
             Ev::TunnelUp { tid } => {
+                // A tunnel closed meanwhile is gone from the map.
                 let Some(t) = self.tunnels.get(&tid) else {
                     return;
                 };
-                if !t.open {
-                    return;
-                }
                 let (a, b, class) = (t.a, t.b, t.class);
                 let server = self.servers[b as usize].ip;
                 self.core_event(a, Event::TunnelOpened { server, class });
@@ -1189,7 +1186,6 @@ impl Fabric {
                 a_port: None,
                 b_port: None,
                 pipes,
-                open: true,
             },
         );
         self.out_tunnels.insert((a, b, class), tid);
@@ -1198,12 +1194,13 @@ impl Fabric {
         self.after(rtt, Ev::TunnelUp { tid });
     }
 
-    /// Closes a tunnel's pipes; returns (a, b, class) when it was open.
+    /// Closes a tunnel's pipes; returns (a, b, class) when it was still
+    /// open.
     fn close_tunnel(&mut self, tid: TunnelId) -> Option<(Sid, Sid, u8)> {
         let t = self.tunnels.remove(&tid)?;
         self.close_pipe(t.pipes[0]);
         self.close_pipe(t.pipes[1]);
-        t.open.then_some((t.a, t.b, t.class))
+        Some((t.a, t.b, t.class))
     }
 
     /// The far end of a tunnel dropped it: its opener sees it fail.
