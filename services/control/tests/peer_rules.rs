@@ -922,3 +922,49 @@ fn peers_the_directory_adds_are_bounded() {
     }
     assert_eq!(h.core.peers().len(), 3);
 }
+
+/// Twelve connections through PEER, then PEER silent until it fails:
+/// the notices the core gives, in order.
+fn notices_when_a_peer_with_many_connections_fails() -> Vec<ConnKey> {
+    let mut h = Harness::new(config());
+    h.peer_up(PEER);
+    h.attach(A, "client");
+    for i in 0..12u16 {
+        let req = h.request(
+            A,
+            ClientRequest::Connect {
+                src_port: 0,
+                dst: uid("10.0.0.2:5"),
+                dst_port: 100 + i,
+                class: 0,
+            },
+        );
+        let PeerMsg::Connect { conn, .. } = h.sent_to_peer().remove(0).1 else {
+            panic!()
+        };
+        h.event(Event::PeerVerdict {
+            server: PEER,
+            conn,
+            verdict: Ok(()),
+        });
+        connected(h.answer(req).unwrap());
+    }
+    h.advance(h.core.config().failure_after());
+    h.notices()
+        .into_iter()
+        .map(|(_, _, conn, _)| conn)
+        .collect()
+}
+
+#[test]
+fn a_peer_failure_tells_its_connections_in_the_same_order_in_every_process() {
+    // Two cores fed the same events must act the same, in the same order,
+    // whatever their maps' hash seeds: a run is replayable from its inputs.
+    let first = notices_when_a_peer_with_many_connections_fails();
+    let second = notices_when_a_peer_with_many_connections_fails();
+    assert_eq!(first.len(), 12);
+    assert_eq!(first, second);
+    let mut sorted = first.clone();
+    sorted.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
+    assert_eq!(first, sorted, "in the order of the connections' keys");
+}

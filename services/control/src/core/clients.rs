@@ -109,12 +109,13 @@ impl Control {
     }
 
     pub(super) fn client_closed(&mut self, session: SessionId) {
-        let pending: Vec<ConnKey> = self
+        let mut pending: Vec<ConnKey> = self
             .pending
             .iter()
             .filter(|(_, p)| p.session == Some(session))
             .map(|(k, _)| *k)
             .collect();
+        pending.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
         let mut entries = false;
         for key in pending {
             if let Some(p) = self.pending.remove(&key) {
@@ -147,12 +148,13 @@ impl Control {
         let Some(res) = self.resources.remove(&device) else {
             return;
         };
-        let conns: Vec<ConnKey> = self
+        let mut conns: Vec<ConnKey> = self
             .connections
             .keys()
             .filter(|k| k.src == res.uid || k.dst == res.uid)
             .copied()
             .collect();
+        conns.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
         for c in conns {
             self.drop_connection(c, Status::Closed, true);
         }

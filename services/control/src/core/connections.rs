@@ -181,13 +181,14 @@ impl Control {
     /// leaves them out meanwhile); the caller syncs when this says so.
     pub(super) fn expire_pending(&mut self, now: Duration) -> bool {
         let idle = self.job.is_none();
-        let expired: Vec<ConnKey> = self
+        let mut expired: Vec<ConnKey> = self
             .pending
             .iter()
             .filter(|(_, p)| p.stage.deadline() <= now)
             .filter(|(_, p)| idle || matches!(p.stage, Stage::Tunnel { .. }))
             .map(|(k, _)| *k)
             .collect();
+        expired.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
         let mut entries = false;
         for key in expired {
             let Some(p) = self.pending.remove(&key) else {

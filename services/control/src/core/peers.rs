@@ -222,7 +222,7 @@ impl Control {
         p.channel = false;
         p.next_beat = None;
         p.tunnels.clear();
-        let affected: Vec<(ConnKey, Option<Ipv4Addr>)> = self
+        let mut affected: Vec<(ConnKey, Option<Ipv4Addr>)> = self
             .connections
             .values()
             .filter(|c| c.peer == Some(server) || c.transit == Some(server))
@@ -235,6 +235,9 @@ impl Control {
                 (c.key, other)
             })
             .collect();
+        // The map has no order: in key order, the same inputs give the
+        // same actions in every process.
+        affected.sort_by_key(|(k, _)| (k.src, k.src_port, k.dst, k.dst_port));
         for (c, other) in affected {
             if let Some(other) = other {
                 self.actions.push_back(Action::ToPeer {
@@ -245,12 +248,13 @@ impl Control {
             self.drop_connection(c, status, false);
         }
         self.fail_pending(server, None);
-        let carried: Vec<ConnKey> = self
+        let mut carried: Vec<ConnKey> = self
             .pending
             .iter()
             .filter(|(_, p)| p.from == Some(server))
             .map(|(k, _)| *k)
             .collect();
+        carried.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
         for key in carried {
             self.give_up_carrying(key);
         }
@@ -259,12 +263,13 @@ impl Control {
     /// Fails connections to `server` waiting for a verdict or a tunnel
     /// (only those of `class` when given).
     pub(super) fn fail_pending(&mut self, server: Ipv4Addr, class: Option<u8>) {
-        let failed: Vec<ConnKey> = self
+        let mut failed: Vec<ConnKey> = self
             .pending
             .iter()
             .filter(|(_, p)| p.hop == server && class.is_none_or(|c| c == p.class))
             .map(|(k, _)| *k)
             .collect();
+        failed.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
         for key in failed {
             if let Some(p) = self.pending.remove(&key) {
                 self.answer(
@@ -308,12 +313,13 @@ impl Control {
             self.take_peer_down(server, Status::PeerFailed);
             self.actions.push_back(Action::ClosePeerChannel { server });
         } else {
-            let affected: Vec<ConnKey> = self
+            let mut affected: Vec<ConnKey> = self
                 .connections
                 .values()
                 .filter(|c| c.peer == Some(server) && c.class == class)
                 .map(|c| c.key)
                 .collect();
+            affected.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
             for c in affected {
                 self.drop_connection(c, Status::PeerFailed, true);
             }
