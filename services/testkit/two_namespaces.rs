@@ -17,6 +17,14 @@ use uniplane_services::config::Config;
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// An example program of the crate under test, which `cargo test` builds
+/// next to the tests.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    profile.join("examples").join(name)
+}
+
 struct Server {
     id: Ipv4Addr,
     addr: Ipv4Addr,

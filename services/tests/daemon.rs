@@ -25,6 +25,22 @@ device = 1
 memory = 4096
 "#;
 
+/// Runs the CLI against the daemon at `dir`; its standard output, once
+/// it succeeded.
+fn cli(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_uniplane"))
+        .args(args)
+        .env("UNIPLANE_RUNTIME_DIR", dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn runtime(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("uniplane-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -70,19 +86,7 @@ async fn the_cli_answers_status_and_pings_the_echo_device() {
     let (_daemon, _client) = embedded(Config::parse(CONFIG, "test").unwrap(), &dir)
         .await
         .unwrap();
-    let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_uniplane"))
-            .args(args)
-            .env("UNIPLANE_RUNTIME_DIR", &dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let cli = |args: &[&str]| cli(&dir, args);
     let status: serde_json::Value = tokio::task::spawn_blocking({
         let cli_out = cli(&["status", "--json"]);
         move || serde_json::from_str(cli_out.trim()).unwrap()
@@ -302,19 +306,7 @@ async fn without_a_directory_names_resolve_to_this_daemons_resources() {
         "unsupported"
     );
 
-    let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_uniplane"))
-            .args(args)
-            .env("UNIPLANE_RUNTIME_DIR", &dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let cli = |args: &[&str]| serde_json::from_str::<serde_json::Value>(&cli(&dir, args)).unwrap();
     assert_eq!(cli(&["resolve", "echo", "--json"])["uid"], "127.0.0.1:1");
     assert_eq!(cli(&["cluster", "status", "--json"])["registry"], "local");
     let _ = std::fs::remove_dir_all(&dir);

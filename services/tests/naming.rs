@@ -153,20 +153,39 @@ async fn client(d: &Daemon) -> Client {
     Client::connect(d.runtime_dir()).await.unwrap()
 }
 
-async fn directory(d: &Daemon) -> Value {
-    client(d).await.request(&Request::Directory).await.unwrap()
-}
-
-/// Polls `d`'s directory until `done` holds of it (bounded).
-async fn until(d: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+/// Polls the directory of `d` (a daemon, or its runtime directory) until
+/// `done` holds of it (bounded).
+async fn until(d: impl Runtime, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     let start = Instant::now();
     loop {
-        let v = directory(d).await;
+        let v = Client::connect(d.dir())
+            .await
+            .unwrap()
+            .request(&Request::Directory)
+            .await
+            .unwrap();
         if done(&v) {
             return v;
         }
         assert!(start.elapsed() < WAIT, "{what}: {v:#}");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Where a daemon's sockets are.
+trait Runtime {
+    fn dir(&self) -> &Path;
+}
+
+impl Runtime for &Daemon {
+    fn dir(&self) -> &Path {
+        self.runtime_dir()
+    }
+}
+
+impl Runtime for &PathBuf {
+    fn dir(&self) -> &Path {
+        self
     }
 }
 
@@ -485,28 +504,8 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
         assert!(start.elapsed() < WAIT, "the daemons did not peer");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let dir_of = |c: &Client| c.runtime_dir().to_owned();
-    let status = |d: PathBuf| async move {
-        Client::connect(&d)
-            .await
-            .unwrap()
-            .request(&Request::Directory)
-            .await
-            .unwrap()
-    };
-    let until_dir = |d: PathBuf, what: &'static str, done: fn(&Value) -> bool| async move {
-        let start = Instant::now();
-        loop {
-            let v = status(d.clone()).await;
-            if done(&v) {
-                return v;
-            }
-            assert!(start.elapsed() < WAIT, "{what}: {v:#}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    until_dir(dir_of(&ca), "registered", all_held).await;
-    until_dir(dir_of(&cb), "registered", all_held).await;
+    until(&dirs[0], "registered", all_held).await;
+    until(&dirs[1], "registered", all_held).await;
 
     let receiver = Client::connect(&dirs[1])
         .await
@@ -533,11 +532,11 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
         }
         r => panic!("a name claimed across a partition: {r:?}"),
     }
-    until_dir(dir_of(&ca), "lease given up", |v| {
+    until(&dirs[0], "lease given up", |v| {
         v["claims"]["lease"].is_null()
     })
     .await;
-    until_dir(dir_of(&cb), "lease given up", |v| {
+    until(&dirs[1], "lease given up", |v| {
         v["claims"]["lease"].is_null()
     })
     .await;
@@ -545,11 +544,11 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
     assert!(peers_alive(&ca).await && peers_alive(&cb).await);
 
     pair.a.ip(&["link", "set", &pair.iface_a, "up"]).unwrap();
-    let va = until_dir(dir_of(&ca), "claims held again", |v| {
+    let va = until(&dirs[0], "claims held again", |v| {
         all_held(v) && v["servers"].as_array().is_some_and(|s| s.len() == 2)
     })
     .await;
-    until_dir(dir_of(&cb), "claims held again", all_held).await;
+    until(&dirs[1], "claims held again", all_held).await;
     let sinks = va["names"]
         .as_array()
         .unwrap()

@@ -11,20 +11,12 @@
 #[path = "../../testkit/two_namespaces.rs"]
 mod two_namespaces;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::process::Command;
-use two_namespaces::TwoNamespaces;
+use two_namespaces::{example, TwoNamespaces};
 
 const RUN: &str = env!("CARGO_BIN_EXE_uniplane-run");
-
-/// The example program, which `cargo test` builds next to the tests.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    profile.join("examples").join(name)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_ranks_in_two_namespaces_meet_through_the_directory_and_allreduce() {

@@ -12,18 +12,10 @@
 #[path = "../../testkit/two_namespaces.rs"]
 mod two_namespaces;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::process::Command;
-use two_namespaces::TwoNamespaces;
-
-/// The example program, which `cargo test` builds next to the tests.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    profile.join("examples").join(name)
-}
+use two_namespaces::{example, TwoNamespaces};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jacobi_on_four_processes_in_two_namespaces_matches_the_reference() {
