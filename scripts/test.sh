@@ -21,6 +21,7 @@ NEEDS=(
   "fc-list:fontconfig"
   "protoc:protobuf-compiler"
   "etcd:etcd-server"
+  "openssl:openssl"
   "mpicc.openmpi:libopenmpi-dev"
   "mpirun.openmpi:openmpi-bin"
   "mpicc.mpich:libmpich-dev"

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
-use uniplane_netns::etcd::{wait_healthy, EtcdCluster};
+use uniplane_netns::etcd::{wait_healthy, EtcdCluster, TestPki};
 use uniplane_netns::free_port;
 use uniplane_services::client::{embedded, Client, ClientError, Detached};
 use uniplane_services::config::Config;
@@ -725,5 +725,60 @@ async fn with_etcd_authentication_the_password_file_lets_a_daemon_in_and_a_wrong
         "10.43.0.1:1"
     );
     d.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mutual_tls_a_daemon_with_the_clusters_ca_registers_and_one_with_another_ca_cannot() {
+    if !have_etcd() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uniplane-naming-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = TestPki::create(&dir, "cluster").unwrap();
+    let stranger = TestPki::create(&dir, "stranger").unwrap();
+    let etcd = EtcdCluster::start_tls(&dir, &pki);
+    let file = |pki: &TestPki| {
+        format!(
+            "[server]\nid = \"10.44.0.1\"\nname = \"alpha\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
+             [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = 1\n\n\
+             [registry]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nprefix = \"/uniplane-tls\"\n\
+             ca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\ntimeout_ms = 1000\n",
+            free_port(),
+            etcd.clients[0],
+            pki.ca.display(),
+            pki.client.0.display(),
+            pki.client.1.display()
+        )
+    };
+    let (d, c) = embedded(Config::parse(&file(&pki), "tls").unwrap(), &dir.join("ok"))
+        .await
+        .unwrap();
+    until(&d, "registered over TLS", all_held).await;
+    assert_eq!(
+        c.resolve("echo@alpha").await.unwrap().to_string(),
+        "10.44.0.1:1"
+    );
+    d.shutdown();
+    drop((d, c));
+
+    // Another CA: the daemon cannot trust the member (nor the member it),
+    // so it holds nothing and says why; a name fails.
+    let (d, _c) = embedded(
+        Config::parse(&file(&stranger), "tls").unwrap(),
+        &dir.join("stranger"),
+    )
+    .await
+    .unwrap();
+    let v = until(&d, "an error shown", |v| !v["claims"]["error"].is_null()).await;
+    assert!(v["claims"]["lease"].is_null(), "{v:#}");
+    let app = client(&d).await.attach("app").await.unwrap();
+    match app.register("x").await {
+        Err(ClientError::Daemon { kind, .. }) => assert_eq!(kind, "unavailable"),
+        r => panic!("registered with an untrusted CA: {r:?}"),
+    }
+    d.shutdown();
+    drop(etcd);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -135,3 +135,143 @@ fn healthy(addr: SocketAddr) -> bool {
     let text = String::from_utf8_lossy(&answer);
     text.starts_with("HTTP/1.") && text.contains("\"health\":\"true\"")
 }
+
+/// Certificates for an etcd member and its clients, made with the
+/// `openssl` command: a CA, a server certificate for `127.0.0.1`, and a
+/// client certificate, all signed by the CA and valid for a day.
+pub struct TestPki {
+    /// The CA's certificate (PEM).
+    pub ca: std::path::PathBuf,
+    /// The member's certificate and key.
+    pub server: (std::path::PathBuf, std::path::PathBuf),
+    /// A client's certificate and key.
+    pub client: (std::path::PathBuf, std::path::PathBuf),
+}
+
+impl TestPki {
+    /// Writes a fresh PKI under `dir` (named `name`, so two can live side
+    /// by side).
+    pub fn create(dir: &Path, name: &str) -> Result<TestPki, String> {
+        let p = |f: &str| dir.join(format!("{name}-{f}"));
+        let openssl = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .map_err(|e| format!("openssl: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "openssl {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        };
+        let s = |p: &std::path::PathBuf| p.display().to_string();
+        let (ca, ca_key) = (p("ca.pem"), p("ca.key"));
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            &s(&ca_key),
+            "-out",
+            &s(&ca),
+            "-subj",
+            &format!("/CN={name}-test-ca"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ])?;
+        let issue =
+            |who: &str, ext: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+                let (cert, key, csr, extf) = (
+                    p(&format!("{who}.pem")),
+                    p(&format!("{who}.key")),
+                    p(&format!("{who}.csr")),
+                    p(&format!("{who}.ext")),
+                );
+                std::fs::write(&extf, ext).map_err(|e| e.to_string())?;
+                openssl(&[
+                    "req",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-keyout",
+                    &s(&key),
+                    "-out",
+                    &s(&csr),
+                    "-subj",
+                    &format!("/CN={who}"),
+                ])?;
+                openssl(&[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &s(&csr),
+                    "-CA",
+                    &s(&ca),
+                    "-CAkey",
+                    &s(&ca_key),
+                    "-CAcreateserial",
+                    "-days",
+                    "1",
+                    "-out",
+                    &s(&cert),
+                    "-extfile",
+                    &s(&extf),
+                ])?;
+                Ok((cert, key))
+            };
+        let server = issue(
+            "etcd",
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n",
+        )?;
+        let client = issue(
+            "uniplane",
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=clientAuth\n",
+        )?;
+        Ok(TestPki { ca, server, client })
+    }
+}
+
+impl EtcdCluster {
+    /// One member on loopback that speaks only TLS to its clients and
+    /// asks them for a certificate signed by `pki`'s CA.
+    pub fn start_tls(dir: &Path, pki: &TestPki) -> EtcdCluster {
+        let client = format!("https://127.0.0.1:{}", free_port());
+        let peer = format!("http://127.0.0.1:{}", free_port());
+        let member = Command::new("etcd")
+            .args(["--name", "tls"])
+            .arg("--data-dir")
+            .arg(dir.join("etcd-tls"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("tls={peer}")])
+            .arg("--cert-file")
+            .arg(&pki.server.0)
+            .arg("--key-file")
+            .arg(&pki.server.1)
+            .arg("--trusted-ca-file")
+            .arg(&pki.ca)
+            .arg("--client-cert-auth")
+            .args(["--logger", "zap", "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd starts");
+        EtcdCluster {
+            members: vec![member],
+            clients: vec![client],
+        }
+    }
+}
