@@ -435,6 +435,8 @@ impl Claims {
     /// When [`Claims::handle_timeout`] must be called next.
     pub fn poll_timeout(&self) -> Option<Duration> {
         let lease = match self.lease {
+            // Nothing to hold: no lease is asked for, no wake-up needed.
+            Lease::None { .. } if self.wanted.is_empty() => None,
             Lease::None { retry_at } => Some(retry_at),
             Lease::Granting => None,
             Lease::Held {
@@ -574,8 +576,8 @@ impl Claims {
                     name: key.clone(),
                     holder: holder.clone(),
                 });
+                tracing::warn!(%key, %holder, kept = w.keep, "naming: the key is held by another owner");
                 if w.keep {
-                    tracing::warn!(%key, %holder, "naming: the key is held by another owner");
                     w.state = ClaimState::Conflict(holder);
                     w.retry_at = self.now + self.config.max_backoff;
                 } else {

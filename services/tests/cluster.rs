@@ -454,15 +454,23 @@ fn the_three_server_example_runs_in_namespaces_each_daemon_finding_its_server() 
 
     // Gamma's link cut: beta finds gamma gone, and alpha cannot reach it;
     // restored: beta finds gamma again, and alpha reaches it through beta.
+    // Each side of the link has its own channel to the other: back means
+    // both are up (gamma admits what beta carries on only over its own).
+    let sees = |who: &str, peer: &str| {
+        let out = uniplane_at(&runtime(who), &["--json", "status"]);
+        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        status["peers"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|x| x["server"] == peer && x["alive"] == true))
+    };
     let gamma_alive = |want: bool| {
         let start = Instant::now();
         loop {
-            let out = uniplane_at(&runtime("beta"), &["--json", "status"]);
-            let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-            let alive = status["peers"].as_array().is_some_and(|p| {
-                p.iter()
-                    .any(|x| x["server"] == "10.77.0.3" && x["alive"] == true)
-            });
+            let alive = if want {
+                sees("beta", "10.77.0.3") && sees("gamma", "10.77.0.2")
+            } else {
+                sees("beta", "10.77.0.3")
+            };
             if alive == want {
                 return;
             }

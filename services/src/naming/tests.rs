@@ -382,3 +382,13 @@ fn keys_still_attached_to_the_lost_lease_are_taken_back_not_lost() {
     let lease = c.view().lease.unwrap().0;
     assert!(dir.keys.values().all(|(_, l)| *l == lease));
 }
+
+#[test]
+fn with_nothing_to_hold_there_is_nothing_to_wake_for() {
+    let mut c = Claims::new(ClaimsConfig::default());
+    assert_eq!(c.poll_timeout(), None);
+    c.handle_timeout(Duration::from_secs(1));
+    assert_eq!(c.poll_action(), None);
+    c.handle(want("names/a", "x", Some(1)), Duration::from_secs(1));
+    assert!(c.poll_timeout().is_some() || c.poll_action().is_some());
+}
