@@ -14,7 +14,14 @@ use uniplane_stacks::ltl::wire::{payload_checksum, Frame, Kind, Repr, HEADER_LEN
 const SIZES: [usize; 3] = [64, 1400, 8192];
 
 fn repr() -> Repr {
-    Repr { kind: Kind::Data, src_conn: 7, dst_conn: 9, seq: 1000, ack: 2000, window: 64 }
+    Repr {
+        kind: Kind::Data,
+        src_conn: 7,
+        dst_conn: 9,
+        seq: 1000,
+        ack: 2000,
+        window: 64,
+    }
 }
 
 fn emit(c: &mut Criterion) {
