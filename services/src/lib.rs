@@ -15,6 +15,7 @@ pub mod devices;
 pub mod manual;
 pub mod plane;
 pub mod seal;
+pub mod top;
 pub mod transfer;
 
 pub use config::Config;
