@@ -16,6 +16,7 @@ pub mod manual;
 pub mod naming;
 pub mod plane;
 pub mod seal;
+pub mod top;
 pub mod transfer;
 
 pub use config::Config;

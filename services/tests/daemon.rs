@@ -161,7 +161,7 @@ async fn apps_connect_and_detach(config: &str, name: &str) {
         "{text}"
     );
     assert!(
-        text.contains("# TYPE uniplane_port_rx_messages_total counter"),
+        text.contains("# TYPE uniplane_port_rx_messages counter"),
         "{text}"
     );
     assert!(text.contains("uniplane_connections 1"), "{text}");

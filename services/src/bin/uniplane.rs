@@ -54,6 +54,16 @@ enum Command {
     Stats,
     /// Prometheus text of every metric.
     Metrics,
+    /// A live view of ports, classes, peers and connections (`q` quits);
+    /// one plain snapshot with `--once` or when stdout is not a terminal.
+    Top {
+        /// Print one snapshot and exit.
+        #[arg(long)]
+        once: bool,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// The forwarding plane (software engine or RTL), read back.
     Plane {
         #[command(subcommand)]
@@ -275,6 +285,31 @@ async fn run(args: &Args) -> Result<(), ClientError> {
                 print_plane_dump(&v);
             }
             return Ok(());
+        }
+        Command::Top { once, interval } => {
+            use std::io::IsTerminal;
+            use uniplane_services::top;
+            if *once || args.json || !std::io::stdout().is_terminal() {
+                if args.json {
+                    let v = json!({
+                        "status": client.request(&Request::Status).await?,
+                        "stats": client.request(&Request::Stats).await?,
+                        "connections": client.request(&Request::Connections).await?,
+                    });
+                    println!("{v}");
+                } else {
+                    print!("{}", top::plain(None, &top::Sample::read(&client).await?));
+                }
+                return Ok(());
+            }
+            let interval = Duration::try_from_secs_f64(*interval)
+                .ok()
+                .filter(|d| *d >= Duration::from_millis(100))
+                .ok_or_else(|| ClientError::Daemon {
+                    kind: "top".into(),
+                    message: "--interval must be at least 0.1 seconds".into(),
+                })?;
+            return top::live(&client, interval).await;
         }
         Command::Metrics => {
             let v = client.request(&Request::Metrics).await?;

@@ -5,8 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use uniplane_control::{PlaneOp, ResourceKind};
 use uniplane_overlay::{PortCounters, PortId};
@@ -307,182 +314,434 @@ fn conn_json(c: &ConnKey) -> serde_json::Value {
     })
 }
 
-/// A Prometheus counter family: name, help, and how to read it.
-type CounterFamily = (&'static str, &'static str, fn(&PortCounters) -> u64);
+/// A per-port counter: name (with the `_total` Prometheus adds), help, and
+/// how to read it.
+type PortFamily = (&'static str, &'static str, fn(&PortCounters) -> u64);
 
-const FAMILIES: [CounterFamily; 8] = [
+const PORT_FAMILIES: [PortFamily; 12] = [
     (
         "uniplane_port_rx_messages_total",
-        "Messages read from the port",
+        "Messages read from the port.",
         |c| c.rx_msgs,
     ),
     (
         "uniplane_port_rx_bytes_total",
-        "Payload bytes read from the port",
+        "Payload bytes read from the port.",
         |c| c.rx_bytes,
     ),
     (
         "uniplane_port_tx_messages_total",
-        "Messages written to the port",
+        "Messages written to the port.",
         |c| c.tx_msgs,
     ),
     (
         "uniplane_port_tx_bytes_total",
-        "Payload bytes written to the port",
+        "Payload bytes written to the port.",
         |c| c.tx_bytes,
     ),
     (
         "uniplane_port_acl_denied_total",
-        "Messages refused by access control",
+        "Messages refused by the port's access control.",
         |c| c.acl_denied,
     ),
     (
         "uniplane_port_no_route_total",
-        "Messages with no route",
+        "Messages whose destination no route matched.",
         |c| c.no_route,
     ),
     (
         "uniplane_port_input_stalls_total",
-        "Times the input waited for a full queue",
+        "Times the port's input waited for a full queue.",
         |c| c.input_stalls,
     ),
     (
         "uniplane_port_segments_total",
-        "Segments created for the MTU",
+        "Segments created for messages above an output's MTU.",
         |c| c.segments,
+    ),
+    (
+        "uniplane_port_error_answers_total",
+        "Error answers sent back to the port's senders.",
+        |c| c.error_answers,
+    ),
+    (
+        "uniplane_port_unanswerable_total",
+        "Refused messages that could not be answered (answers themselves).",
+        |c| c.unanswerable,
+    ),
+    (
+        "uniplane_port_reassembled_total",
+        "Segmented messages reassembled for the port.",
+        |c| c.reassembly.completed,
+    ),
+    (
+        "uniplane_port_reassembly_incomplete_total",
+        "Segmented messages given up before they were whole.",
+        |c| c.reassembly.incomplete,
     ),
 ];
 
-/// Every counter in Prometheus text exposition format.
-pub(super) async fn metrics_text(shared: &Shared) -> String {
-    let snapshot = shared
-        .inspect(|d| {
-            let mut gauges = String::new();
-            gauges.push_str(
-                "# HELP uniplane_connections Open connections\n# TYPE uniplane_connections gauge\n",
-            );
-            gauges.push_str(&format!("uniplane_connections {}\n", d.core.connections().count()));
-            gauges.push_str("# HELP uniplane_connect_seconds Time to set up a connection\n# TYPE uniplane_connect_seconds histogram\n");
-            for (h, path) in d.setup.iter().zip(["local", "remote"]) {
-                h.write(&mut gauges, "uniplane_connect_seconds", &format!("path=\"{path}\""));
-            }
-            gauges.push_str("# HELP uniplane_peer_up Whether a peer daemon is reachable\n# TYPE uniplane_peer_up gauge\n");
-            for p in d.core.peers() {
-                gauges.push_str(&format!(
-                    "uniplane_peer_up{{server=\"{}\"}} {}\n",
-                    p.server,
-                    u8::from(p.alive)
-                ));
-            }
-            underlay_metrics(&mut gauges, &d.underlay_counters());
-            (ports(d), gauges)
-        })
-        .await;
-    let Some((ports, gauges)) = snapshot else {
-        return String::new();
-    };
-    let counters = counters(shared, ports).await;
-    let mut out = String::new();
-    for (name, help, get) in FAMILIES {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
-        for (port_name, port, c) in &counters {
-            out.push_str(&format!(
-                "{name}{{port=\"{port}\",name=\"{port_name}\"}} {}\n",
-                get(c)
-            ));
-        }
-    }
-    out.push_str(&gauges);
-    for (name, help, value) in shared.security.metrics() {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
-        ));
-    }
-    out
-}
+/// A per-peer underlay value: name, type, help, and how to read it.
+type UnderlayFamily = (
+    &'static str,
+    MetricType,
+    &'static str,
+    fn(&super::underlay::Counters) -> u64,
+);
 
-/// Each peer's underlay counters in Prometheus text.
-fn underlay_metrics(
-    out: &mut String,
-    peers: &[(std::net::Ipv4Addr, Arc<super::underlay::Counters>)],
-) {
+const UNDERLAY_FAMILIES: [UnderlayFamily; 6] = {
     use std::sync::atomic::Ordering::Relaxed;
-    type Family = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&super::underlay::Counters) -> u64,
-    );
-    const FAMILIES: [Family; 5] = [
+    [
         (
             "uniplane_underlay_sent_messages_total",
-            "counter",
-            "Messages the underlay let leave for a peer",
+            MetricType::Counter,
+            "Messages the underlay let leave for a peer.",
             |c| c.sent.load(Relaxed),
         ),
         (
             "uniplane_underlay_sent_bytes_total",
-            "counter",
-            "Bytes the underlay let leave for a peer",
+            MetricType::Counter,
+            "Bytes the underlay let leave for a peer.",
             |c| c.sent_bytes.load(Relaxed),
         ),
         (
             "uniplane_underlay_passed_total",
-            "counter",
-            "Messages from a peer that passed the filter",
+            MetricType::Counter,
+            "Messages from a peer that passed the filter.",
             |c| c.passed.load(Relaxed),
         ),
         (
             "uniplane_underlay_backlog",
-            "gauge",
-            "Messages waiting in a peer's class queues",
+            MetricType::Gauge,
+            "Messages waiting in a peer's class queues.",
             |c| c.backlog.load(Relaxed),
         ),
         (
+            "uniplane_underlay_tunnels",
+            MetricType::Gauge,
+            "Tunnels to a peer the underlay carries now.",
+            |c| c.tunnels.load(Relaxed),
+        ),
+        (
             "uniplane_underlay_lost_reports_total",
-            "counter",
-            "Violations the control core was not told of (its queue was full)",
+            MetricType::Counter,
+            "Violations the control core was not told of (its queue was full).",
             |c| c.lost_reports.load(Relaxed),
         ),
-    ];
-    for (name, kind, help, get) in FAMILIES {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        for (server, c) in peers {
-            out.push_str(&format!("{name}{{server=\"{server}\"}} {}\n", get(c)));
-        }
-    }
-    let name = "uniplane_underlay_dropped_total";
-    out.push_str(&format!(
-        "# HELP {name} Messages from a peer the filter dropped, by the rule broken\n# TYPE {name} counter\n"
-    ));
-    for (server, c) in peers {
-        for (reason, n) in uniplane_underlay::Reason::ALL.iter().zip(&c.dropped) {
-            out.push_str(&format!(
-                "{name}{{server=\"{server}\",reason=\"{}\"}} {}\n",
-                reason.name(),
-                n.load(Relaxed)
-            ));
-        }
+    ]
+};
+
+/// One scrape: every value the daemon exports, read at one moment, and
+/// encoded by `prometheus-client` as OpenMetrics text.
+#[derive(Debug)]
+struct Scrape {
+    ports: Vec<(String, PortId, PortCounters)>,
+    connections: usize,
+    setup: [SetupHistogram; 2],
+    /// (server, reachable, failures).
+    peers: Vec<(String, bool, u64)>,
+    /// (server, class, port, stack) of each tunnel we opened.
+    tunnels: Vec<(String, u8, PortId, String)>,
+    /// (peer, class, port) of each tunnel a peer opened to us.
+    inbound: Vec<(String, u8, PortId)>,
+    classes: Vec<crate::config::ClassConfig>,
+    underlay: Vec<(std::net::Ipv4Addr, Arc<super::underlay::Counters>)>,
+    security: [(&'static str, &'static str, u64); 8],
+}
+
+/// `name` without the `_total` that the encoder appends to counters.
+fn family(name: &'static str, kind: MetricType) -> &'static str {
+    match kind {
+        MetricType::Counter => name.strip_suffix("_total").unwrap_or(name),
+        _ => name,
     }
 }
 
+/// Encodes one value of a counter or gauge family.
+fn value(e: MetricEncoder<'_>, kind: MetricType, v: u64) -> std::fmt::Result {
+    match kind {
+        MetricType::Counter => ConstCounter::new(v).encode(e),
+        _ => ConstGauge::new(v).encode(e),
+    }
+}
+
+/// Encodes a family whose members are told apart by `labels`.
+fn labelled<L: EncodeLabelSet>(
+    e: &mut DescriptorEncoder<'_>,
+    name: &'static str,
+    kind: MetricType,
+    help: &str,
+    members: impl IntoIterator<Item = (L, u64)>,
+) -> std::fmt::Result {
+    let mut m = e.encode_descriptor(family(name, kind), help, None, kind)?;
+    for (labels, v) in members {
+        value(m.encode_family(&labels)?, kind, v)?;
+    }
+    Ok(())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
+        for (name, help, get) in PORT_FAMILIES {
+            labelled(
+                &mut e,
+                name,
+                MetricType::Counter,
+                help,
+                self.ports.iter().map(|(port_name, port, c)| {
+                    (
+                        [("port", port.to_string()), ("name", port_name.clone())],
+                        get(c),
+                    )
+                }),
+            )?;
+        }
+        let m = e.encode_descriptor(
+            "uniplane_connections",
+            "Open connections.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.connections as u64).encode(m)?;
+        let mut m = e.encode_descriptor(
+            "uniplane_connect_seconds",
+            "Time to set up a connection, by path (local or through a peer).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (h, path) in self.setup.iter().zip(["local", "remote"]) {
+            h.encode(&mut m.encode_family(&[("path", path)])?)?;
+        }
+        labelled(
+            &mut e,
+            "uniplane_peer_up",
+            MetricType::Gauge,
+            "Whether a peer daemon is reachable (1) or not (0).",
+            self.peers
+                .iter()
+                .map(|(s, up, _)| ([("server", s.as_str())], u64::from(*up))),
+        )?;
+        labelled(
+            &mut e,
+            "uniplane_peer_failures_total",
+            MetricType::Counter,
+            "Times a peer was declared down after being up.",
+            self.peers
+                .iter()
+                .map(|(s, _, f)| ([("server", s.as_str())], *f)),
+        )?;
+        labelled(
+            &mut e,
+            "uniplane_tunnel_open",
+            MetricType::Gauge,
+            "A tunnel this daemon opened to a peer, by class, port and stack (always 1 while open).",
+            self.tunnels.iter().map(|(s, class, port, stack)| {
+                (
+                    [
+                        ("server", s.clone()),
+                        ("class", class.to_string()),
+                        ("port", port.to_string()),
+                        ("stack", stack.clone()),
+                    ],
+                    1,
+                )
+            }),
+        )?;
+        labelled(
+            &mut e,
+            "uniplane_tunnel_inbound",
+            MetricType::Gauge,
+            "A tunnel a peer opened to this daemon, by class and port (always 1 while open).",
+            self.inbound.iter().map(|(s, class, port)| {
+                (
+                    [
+                        ("server", s.clone()),
+                        ("class", class.to_string()),
+                        ("port", port.to_string()),
+                    ],
+                    1,
+                )
+            }),
+        )?;
+        labelled(
+            &mut e,
+            "uniplane_class_weight",
+            MetricType::Gauge,
+            "A class's share of a peer's tunnels against the other classes'.",
+            self.classes.iter().map(|c| {
+                (
+                    [("class", c.id.to_string()), ("name", c.name.clone())],
+                    u64::from(c.weight),
+                )
+            }),
+        )?;
+        labelled(
+            &mut e,
+            "uniplane_class_priority",
+            MetricType::Gauge,
+            "A class's priority under priority scheduling (0 is served first).",
+            self.classes.iter().map(|c| {
+                (
+                    [("class", c.id.to_string()), ("name", c.name.clone())],
+                    u64::from(c.priority),
+                )
+            }),
+        )?;
+        for (name, kind, help, get) in UNDERLAY_FAMILIES {
+            labelled(
+                &mut e,
+                name,
+                kind,
+                help,
+                self.underlay
+                    .iter()
+                    .map(|(s, c)| ([("server", s.to_string())], get(c))),
+            )?;
+        }
+        labelled(
+            &mut e,
+            "uniplane_underlay_dropped_total",
+            MetricType::Counter,
+            "Messages from a peer the filter dropped, by the rule broken.",
+            self.underlay.iter().flat_map(|(s, c)| {
+                uniplane_underlay::Reason::ALL
+                    .iter()
+                    .zip(&c.dropped)
+                    .map(move |(r, n)| {
+                        (
+                            [("server", s.to_string()), ("reason", r.name().to_string())],
+                            n.load(std::sync::atomic::Ordering::Relaxed),
+                        )
+                    })
+            }),
+        )?;
+        for (name, help, v) in self.security {
+            let m = e.encode_descriptor(
+                family(name, MetricType::Counter),
+                help,
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(v).encode(m)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every value the daemon exports, as OpenMetrics text (the format
+/// Prometheus scrapes; it ends with `# EOF`).
+pub(super) async fn metrics_text(shared: &Shared) -> String {
+    let snapshot = shared
+        .inspect(|d| {
+            let conf = &d.shared.config;
+            let peers = d.core.peers();
+            let tunnels = peers
+                .iter()
+                .flat_map(|p| {
+                    let stack = conf.peers.iter().find(|c| c.server == p.server);
+                    p.tunnels.iter().map(move |(class, port)| {
+                        let stack = stack.map_or("", |c| c.tunnel_of(*class).0);
+                        (p.server.to_string(), *class, *port, stack.to_string())
+                    })
+                })
+                .collect();
+            let inbound = d
+                .core
+                .inbound_tunnels()
+                .into_iter()
+                .map(|t| (t.from.to_string(), t.class, t.port))
+                .collect();
+            (
+                ports(d),
+                d.core.connections().count(),
+                d.setup.clone(),
+                peers
+                    .iter()
+                    .map(|p| (p.server.to_string(), p.alive, p.failures))
+                    .collect::<Vec<_>>(),
+                tunnels,
+                inbound,
+                d.underlay.classes.clone(),
+                d.underlay_counters(),
+            )
+        })
+        .await;
+    let Some((ports, connections, setup, peers, tunnels, inbound, classes, underlay)) = snapshot
+    else {
+        return String::new();
+    };
+    let scrape = Scrape {
+        ports: counters(shared, ports).await,
+        connections,
+        setup,
+        peers,
+        tunnels,
+        inbound,
+        classes,
+        underlay,
+        security: shared.security.metrics(),
+    };
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// The content type of [`metrics_text`].
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A connection that sends no request line within this is closed.
+const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// No scraper keeps one connection longer than this.
+const METRICS_CONNECTION_LIMIT: Duration = Duration::from_secs(300);
+
+/// Answers one HTTP request: the metrics on `GET /metrics` (and `/`).
+async fn metrics_response(
+    shared: &Shared,
+    req: &hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+    use hyper::{header, Method, Response, StatusCode};
+    let reply = |status: StatusCode, body: String, kind: &str| {
+        let mut r = Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+        *r.status_mut() = status;
+        if let Ok(v) = header::HeaderValue::from_str(kind) {
+            r.headers_mut().insert(header::CONTENT_TYPE, v);
+        }
+        r
+    };
+    if !matches!(req.uri().path(), "/metrics" | "/") {
+        return reply(StatusCode::NOT_FOUND, "try /metrics\n".into(), "text/plain");
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET only\n".into(),
+            "text/plain",
+        );
+    }
+    reply(StatusCode::OK, metrics_text(shared).await, OPENMETRICS)
+}
+
+/// Serves the metrics over HTTP/1.1 (hyper) on `listener`.
 pub(super) async fn serve_metrics(shared: Arc<Shared>, listener: TcpListener) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let body = metrics_text(&shared).await;
-            let mut req = [0u8; 1024];
-            let _ = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut req)).await;
-            let head = format!(
-                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, std::convert::Infallible>(metrics_response(&shared, &req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(METRICS_HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(METRICS_CONNECTION_LIMIT, conn).await;
         });
     }
 }
@@ -512,18 +771,21 @@ impl SetupHistogram {
         self.sum += s;
     }
 
-    fn write(&self, out: &mut String, name: &str, labels: &str) {
-        for (bound, n) in SETUP_BUCKETS.iter().zip(self.counts) {
-            out.push_str(&format!("{name}_bucket{{{labels},le=\"{bound}\"}} {n}\n"));
-        }
-        out.push_str(&format!(
-            "{name}_bucket{{{labels},le=\"+Inf\"}} {}\n",
-            self.count
-        ));
-        out.push_str(&format!(
-            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}\n",
-            self.sum, self.count
-        ));
+    /// Encodes the histogram (the encoder wants each bucket's own count
+    /// and adds them up; ours are kept cumulative).
+    fn encode(&self, e: &mut MetricEncoder<'_>) -> std::fmt::Result {
+        let mut below = 0;
+        let mut buckets: Vec<(f64, u64)> = SETUP_BUCKETS
+            .iter()
+            .zip(self.counts)
+            .map(|(bound, n)| {
+                let own = n - below;
+                below = n;
+                (*bound, own)
+            })
+            .collect();
+        buckets.push((f64::MAX, self.count - below));
+        e.encode_histogram::<NoLabelSet>(self.sum, self.count, &buckets, None)
     }
 }
 
@@ -558,4 +820,100 @@ pub fn parse_policy(text: &str) -> Result<uniplane_dataplane::sched::Policy, Str
         return Ok(Policy::StrictPriority { class, weights });
     }
     Err(bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape() -> Scrape {
+        let mut local = SetupHistogram::default();
+        local.record(Duration::from_micros(50));
+        local.record(Duration::from_millis(3));
+        local.record(Duration::from_secs(2));
+        let counters = Arc::new(super::super::underlay::Counters::default());
+        counters.dropped[1].store(4, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .tunnels
+            .store(2, std::sync::atomic::Ordering::Relaxed);
+        Scrape {
+            ports: vec![(
+                "app".into(),
+                3,
+                PortCounters {
+                    rx_msgs: 7,
+                    acl_denied: 2,
+                    ..PortCounters::default()
+                },
+            )],
+            connections: 1,
+            setup: [local, SetupHistogram::default()],
+            peers: vec![("10.0.0.2".into(), true, 1)],
+            tunnels: vec![("10.0.0.2".into(), 1, 9, "udp".into())],
+            inbound: vec![],
+            classes: vec![crate::config::ClassConfig {
+                id: 1,
+                name: "bulk".into(),
+                weight: 3,
+                priority: 0,
+            }],
+            underlay: vec![([10, 0, 0, 2].into(), counters)],
+            security: super::super::security::Security::new().metrics(),
+        }
+    }
+
+    fn text() -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(scrape()));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn counters_keep_their_names_and_have_help() {
+        let t = text();
+        assert!(t.contains("uniplane_port_rx_messages_total{port=\"3\",name=\"app\"} 7\n"));
+        assert!(t.contains("uniplane_port_acl_denied_total{port=\"3\",name=\"app\"} 2\n"));
+        assert!(t.contains("uniplane_peer_refused_total 0\n"));
+        assert!(t.contains("uniplane_connections 1\n"));
+        assert!(t.contains("uniplane_underlay_tunnels{server=\"10.0.0.2\"} 2\n"));
+        assert!(t.contains(
+            "uniplane_tunnel_open{server=\"10.0.0.2\",class=\"1\",port=\"9\",stack=\"udp\"} 1\n"
+        ));
+        assert!(t.contains("uniplane_class_weight{class=\"1\",name=\"bulk\"} 3\n"));
+        let reason = uniplane_underlay::Reason::ALL[1].name();
+        assert!(t.contains(&format!(
+            "uniplane_underlay_dropped_total{{server=\"10.0.0.2\",reason=\"{reason}\"}} 4\n"
+        )));
+        // Every family has a help text, and the exposition is closed.
+        let types = t.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        let helps = t
+            .lines()
+            .filter(|l| l.starts_with("# HELP ") && l.split(' ').count() > 3)
+            .count();
+        assert_eq!(types, helps);
+        assert!(types >= 30, "{types} families");
+        assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_setup_histogram_is_cumulative_with_an_infinite_bucket() {
+        let t = text();
+        let bucket = |le: &str| {
+            let key = format!("uniplane_connect_seconds_bucket{{le=\"{le}\",path=\"local\"}} ");
+            t.lines()
+                .find_map(|l| l.strip_prefix(&key))
+                .unwrap_or_else(|| panic!("no bucket {le} in\n{t}"))
+                .parse::<u64>()
+                .unwrap()
+        };
+        assert_eq!(bucket("0.0001"), 1);
+        assert_eq!(bucket("0.001"), 1);
+        assert_eq!(bucket("0.005"), 2);
+        assert_eq!(bucket("1.0"), 2);
+        assert_eq!(bucket("+Inf"), 3);
+        assert!(t.contains("uniplane_connect_seconds_count{path=\"local\"} 3\n"));
+        assert!(t.contains("uniplane_connect_seconds_count{path=\"remote\"} 0\n"));
+    }
 }

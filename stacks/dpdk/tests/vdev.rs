@@ -72,8 +72,8 @@ fn the_eal_starts_on_vdevs_and_frames_loop_through_net_ring_and_vanish_in_net_nu
         rx.refill().unwrap();
         while let Some((i, len)) = rx.take(|f| {
             let e = EthernetFrame::new_checked(&*f).unwrap();
-            assert_eq!(e.ethertype(), 0x88b5);
-            assert_eq!(e.src(), me);
+            assert_eq!(uniplane_frame::eth::ethertype(&e), 0x88b5);
+            assert_eq!(uniplane_frame::eth::src(&e), me);
             let p = e.payload();
             (u32::from_be_bytes([p[0], p[1], p[2], p[3]]), f.len())
         }) {

@@ -1,32 +1,19 @@
-//! The Ethernet II header as a checked view over bytes (smoltcp's `wire`
-//! style), MAC addresses, and the completion of checksums a local sender
-//! left to offload.
+//! The Ethernet II header, from `smoltcp::wire` (a checked view over bytes:
+//! [`EthernetFrame::new_checked`] validates the length once, accessors
+//! read in place), our MAC address type with its colon text form, and the
+//! completion of checksums a local sender left to offload.
 
 use std::fmt;
 use std::str::FromStr;
 
-/// Field byte ranges of the Ethernet II header.
-pub mod field {
-    use std::ops::Range;
+use smoltcp::wire::{EthernetAddress, IpProtocol, Ipv4Packet};
 
-    /// Destination address.
-    pub const DST: Range<usize> = 0..6;
-    /// Source address.
-    pub const SRC: Range<usize> = 6..12;
-    /// EtherType.
-    pub const ETHERTYPE: Range<usize> = 12..14;
-    /// First byte of the payload.
-    pub const PAYLOAD: usize = 14;
-}
+pub use smoltcp::wire::{EthernetFrame, EthernetProtocol};
 
 /// Length of the Ethernet II header.
-pub const HEADER_LEN: usize = field::PAYLOAD;
+pub const HEADER_LEN: usize = smoltcp::wire::ETHERNET_HEADER_LEN;
 /// Smallest frame on the wire without the FCS; shorter frames are padded.
 pub const MIN_FRAME_LEN: usize = 60;
-/// EtherType of IPv4.
-pub const ETHERTYPE_IPV4: u16 = 0x0800;
-/// EtherType of ARP.
-pub const ETHERTYPE_ARP: u16 = 0x0806;
 
 /// An Ethernet address.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,6 +33,18 @@ impl MacAddr {
     pub fn local(tag: u32) -> MacAddr {
         let t = tag.to_be_bytes();
         MacAddr([0x02, 0x75, t[0], t[1], t[2], t[3]])
+    }
+}
+
+impl From<EthernetAddress> for MacAddr {
+    fn from(a: EthernetAddress) -> Self {
+        MacAddr(a.0)
+    }
+}
+
+impl From<MacAddr> for EthernetAddress {
+    fn from(m: MacAddr) -> Self {
+        EthernetAddress(m.0)
     }
 }
 
@@ -97,71 +96,26 @@ impl FromStr for MacAddr {
     }
 }
 
-/// A frame shorter than an Ethernet header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Truncated(pub usize);
-
-impl fmt::Display for Truncated {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "frame of {} bytes is shorter than an Ethernet header",
-            self.0
-        )
-    }
+/// The source address of a checked frame, as a [`MacAddr`].
+#[inline]
+pub fn src<T: AsRef<[u8]>>(frame: &EthernetFrame<T>) -> MacAddr {
+    frame.src_addr().into()
 }
 
-impl std::error::Error for Truncated {}
-
-/// A checked view of an Ethernet II frame.
-#[derive(Clone, Copy, Debug)]
-pub struct EthernetFrame<T: AsRef<[u8]>> {
-    buf: T,
-}
-
-impl<T: AsRef<[u8]>> EthernetFrame<T> {
-    /// Checks that `buf` holds a header.
-    pub fn new_checked(buf: T) -> Result<Self, Truncated> {
-        let len = buf.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Truncated(len));
-        }
-        Ok(EthernetFrame { buf })
-    }
-
-    /// Destination address.
-    pub fn dst(&self) -> MacAddr {
-        let mut m = [0u8; 6];
-        m.copy_from_slice(&self.buf.as_ref()[field::DST]);
-        MacAddr(m)
-    }
-
-    /// Source address.
-    pub fn src(&self) -> MacAddr {
-        let mut m = [0u8; 6];
-        m.copy_from_slice(&self.buf.as_ref()[field::SRC]);
-        MacAddr(m)
-    }
-
-    /// EtherType.
-    pub fn ethertype(&self) -> u16 {
-        let b = &self.buf.as_ref()[field::ETHERTYPE];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
-    /// Everything after the header (padding included).
-    pub fn payload(&self) -> &[u8] {
-        &self.buf.as_ref()[field::PAYLOAD..]
-    }
+/// The EtherType of a checked frame as its number.
+#[inline]
+pub fn ethertype<T: AsRef<[u8]>>(frame: &EthernetFrame<T>) -> u16 {
+    frame.ethertype().into()
 }
 
 /// Writes an Ethernet II header at the start of `buf` (at least
 /// [`HEADER_LEN`] bytes long).
 #[inline]
 pub fn write_header(buf: &mut [u8], dst: MacAddr, src: MacAddr, ethertype: u16) {
-    buf[field::DST].copy_from_slice(&dst.0);
-    buf[field::SRC].copy_from_slice(&src.0);
-    buf[field::ETHERTYPE].copy_from_slice(&ethertype.to_be_bytes());
+    let mut f = EthernetFrame::new_unchecked(buf);
+    f.set_dst_addr(dst.into());
+    f.set_src_addr(src.into());
+    f.set_ethertype(ethertype.into());
 }
 
 /// One's-complement sum of `data` added to `sum`, not folded.
@@ -196,25 +150,26 @@ pub fn complete_l4_checksum(frame: &mut [u8]) -> bool {
     let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
         return false;
     };
-    if eth.ethertype() != ETHERTYPE_IPV4 {
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
         return false;
     }
-    let ip = HEADER_LEN;
-    if frame.len() < ip + 20 || frame[ip] >> 4 != 4 {
+    // Checks the header and total lengths against the frame.
+    let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+        return false;
+    };
+    // smoltcp's length check leaves the version and a header shorter than
+    // the fixed 20 bytes to its `Repr::parse`, which also wants a valid IP
+    // checksum: check both here.
+    if ip.version() != 4 || ip.header_len() < 20 {
         return false;
     }
-    let ihl = ((frame[ip] & 0x0f) as usize) * 4;
-    let total = u16::from_be_bytes([frame[ip + 2], frame[ip + 3]]) as usize;
-    if ihl < 20 || total < ihl || ip + total > frame.len() {
-        return false;
-    }
-    let csum_at = match frame[ip + 9] {
-        6 => 16,
-        17 => 6,
+    let csum_at = match ip.next_header() {
+        IpProtocol::Tcp => 16,
+        IpProtocol::Udp => 6,
         _ => return false,
     };
-    let l4 = ip + ihl;
-    let end = ip + total;
+    let l4 = HEADER_LEN + usize::from(ip.header_len());
+    let end = HEADER_LEN + usize::from(ip.total_len());
     if l4 + csum_at + 2 > end {
         return false;
     }
@@ -237,9 +192,9 @@ mod tests {
         let mut buf = [0u8; 20];
         write_header(&mut buf, MacAddr::BROADCAST, MacAddr::local(7), 0x88b5);
         let f = EthernetFrame::new_checked(&buf[..]).unwrap();
-        assert_eq!(f.dst(), MacAddr::BROADCAST);
-        assert_eq!(f.src(), MacAddr::local(7));
-        assert_eq!(f.ethertype(), 0x88b5);
+        assert_eq!(MacAddr::from(f.dst_addr()), MacAddr::BROADCAST);
+        assert_eq!(src(&f), MacAddr::local(7));
+        assert_eq!(ethertype(&f), 0x88b5);
         assert_eq!(f.payload().len(), 6);
         assert!(EthernetFrame::new_checked(&buf[..13]).is_err());
     }
@@ -257,7 +212,7 @@ mod tests {
     fn a_partial_udp_checksum_is_completed_to_the_full_one() {
         // IPv4/UDP 10.0.0.1:1000 -> 10.0.0.2:2000, payload "hi!".
         let mut f = vec![0u8; 14 + 20 + 8 + 3];
-        write_header(&mut f, MacAddr::local(2), MacAddr::local(1), ETHERTYPE_IPV4);
+        write_header(&mut f, MacAddr::local(2), MacAddr::local(1), 0x0800);
         let ip = &mut f[14..34];
         ip[0] = 0x45;
         ip[2..4].copy_from_slice(&31u16.to_be_bytes());
@@ -280,5 +235,25 @@ mod tests {
         // A correct checksum sums, with the pseudo header, to all ones.
         let total = fold(sum16(sum16(0, &pseudo), &f[34..]));
         assert_eq!(total, 0xffff);
+    }
+
+    #[test]
+    fn a_frame_whose_ip_lengths_disagree_is_left_alone() {
+        let mut f = vec![0u8; 14 + 20 + 8];
+        write_header(&mut f, MacAddr::local(2), MacAddr::local(1), 0x0800);
+        f[14] = 0x45;
+        f[14 + 9] = 17;
+        // Total length beyond the frame.
+        f[16..18].copy_from_slice(&200u16.to_be_bytes());
+        let before = f.clone();
+        assert!(!complete_l4_checksum(&mut f));
+        assert_eq!(f, before);
+        // Header length below 20 bytes.
+        f[14] = 0x44;
+        f[16..18].copy_from_slice(&28u16.to_be_bytes());
+        assert!(!complete_l4_checksum(&mut f));
+        // Not IPv4.
+        f[14] = 0x65;
+        assert!(!complete_l4_checksum(&mut f));
     }
 }

@@ -35,56 +35,77 @@ use crate::sys::{self, cvt, setsockopt};
 use crate::{FrameDevice, FrameStats, RxQueue, TxQueue, Wakeup};
 
 /// Receive every protocol (`ETH_P_ALL`).
-pub const ETH_P_ALL: u16 = 0x0003;
+pub const ETH_P_ALL: u16 = libc::ETH_P_ALL as u16;
 
-const SOL_PACKET: i32 = 263;
-const PACKET_ADD_MEMBERSHIP: i32 = 1;
-const PACKET_RX_RING: i32 = 5;
-const PACKET_STATISTICS: i32 = 6;
-const PACKET_VERSION: i32 = 10;
-const PACKET_LOSS: i32 = 14;
-const PACKET_TX_RING: i32 = 13;
-const PACKET_FANOUT: i32 = 18;
-const PACKET_QDISC_BYPASS: i32 = 20;
-const PACKET_IGNORE_OUTGOING: i32 = 23;
-const TPACKET_V3: i32 = 2;
-const PACKET_MR_PROMISC: u16 = 1;
+use libc::{
+    PACKET_ADD_MEMBERSHIP, PACKET_FANOUT, PACKET_IGNORE_OUTGOING, PACKET_LOSS, PACKET_QDISC_BYPASS,
+    PACKET_RX_RING, PACKET_STATISTICS, PACKET_TX_RING, PACKET_VERSION, SOL_PACKET,
+    TP_STATUS_AVAILABLE, TP_STATUS_CSUMNOTREADY, TP_STATUS_KERNEL, TP_STATUS_LOSING,
+    TP_STATUS_SEND_REQUEST, TP_STATUS_USER, TP_STATUS_WRONG_FORMAT,
+};
 
-const TP_STATUS_KERNEL: u32 = 0;
-const TP_STATUS_USER: u32 = 1;
-const TP_STATUS_LOSING: u32 = 1 << 2;
-const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
-const TP_STATUS_AVAILABLE: u32 = 0;
-const TP_STATUS_SEND_REQUEST: u32 = 1;
-const TP_STATUS_WRONG_FORMAT: u32 = 1 << 2;
-
-/// Offsets in the ring's headers (`linux/if_packet.h`).
+/// Offsets in the ring's headers (`linux/if_packet.h`), taken from the
+/// declarations in `libc`.
 mod layout {
+    use std::mem::{offset_of, size_of};
+
+    use libc::{tpacket3_hdr, tpacket_block_desc, tpacket_hdr_v1};
+
     /// `tpacket_block_desc`: `version`, `offset_to_priv`, then
     /// `tpacket_hdr_v1`.
-    pub const BLOCK_STATUS: usize = 8;
-    pub const BLOCK_NUM_PKTS: usize = 12;
-    pub const BLOCK_FIRST_PKT: usize = 16;
+    const BLOCK_HDR: usize = offset_of!(tpacket_block_desc, hdr);
+    pub const BLOCK_STATUS: usize = BLOCK_HDR + offset_of!(tpacket_hdr_v1, block_status);
+    pub const BLOCK_NUM_PKTS: usize = BLOCK_HDR + offset_of!(tpacket_hdr_v1, num_pkts);
+    pub const BLOCK_FIRST_PKT: usize = BLOCK_HDR + offset_of!(tpacket_hdr_v1, offset_to_first_pkt);
     /// `tpacket3_hdr`.
-    pub const NEXT_OFFSET: usize = 0;
-    pub const SNAPLEN: usize = 12;
-    pub const LEN: usize = 16;
-    pub const STATUS: usize = 20;
-    pub const MAC: usize = 24;
+    pub const NEXT_OFFSET: usize = offset_of!(tpacket3_hdr, tp_next_offset);
+    pub const SNAPLEN: usize = offset_of!(tpacket3_hdr, tp_snaplen);
+    pub const LEN: usize = offset_of!(tpacket3_hdr, tp_len);
+    pub const STATUS: usize = offset_of!(tpacket3_hdr, tp_status);
+    pub const MAC: usize = offset_of!(tpacket3_hdr, tp_mac);
     /// `TPACKET_ALIGN(sizeof(struct tpacket3_hdr))`: where a transmitted
-    /// frame starts in its slot.
-    pub const TX_DATA: usize = 48;
+    /// frame starts in its slot (`TPACKET3_HDRLEN` less the address the
+    /// kernel reserves only on receive).
+    pub const TX_DATA: usize = libc::TPACKET3_HDRLEN - size_of::<libc::sockaddr_ll>();
+
+    #[cfg(test)]
+    mod tests {
+        /// The offsets the ring code was written against, as the kernel
+        /// headers give them.
+        #[test]
+        fn offsets_are_the_kernel_headers() {
+            assert_eq!(
+                (
+                    super::BLOCK_STATUS,
+                    super::BLOCK_NUM_PKTS,
+                    super::BLOCK_FIRST_PKT
+                ),
+                (8, 12, 16)
+            );
+            assert_eq!(
+                (
+                    super::NEXT_OFFSET,
+                    super::SNAPLEN,
+                    super::LEN,
+                    super::STATUS,
+                    super::MAC
+                ),
+                (0, 12, 16, 20, 24)
+            );
+            assert_eq!(super::TX_DATA, 48);
+        }
+    }
 }
 
 /// How the kernel spreads frames over the sockets of a fanout group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FanoutMode {
     /// By flow hash: a flow stays on one socket.
-    Hash = 0,
+    Hash = libc::PACKET_FANOUT_HASH as isize,
     /// Round robin.
-    LoadBalance = 1,
+    LoadBalance = libc::PACKET_FANOUT_LB as isize,
     /// By the CPU that received the frame.
-    Cpu = 2,
+    Cpu = libc::PACKET_FANOUT_CPU as isize,
 }
 
 /// A fanout group: sockets of one group share the interface's frames.
@@ -96,7 +117,8 @@ pub struct Fanout {
     pub mode: FanoutMode,
 }
 
-/// One classic-BPF instruction (`struct sock_filter`).
+/// One classic-BPF instruction, laid out as `libc::sock_filter` (which the
+/// kernel is handed) but comparable and printable.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BpfInsn {
@@ -113,10 +135,10 @@ pub struct BpfInsn {
 /// A filter that accepts only frames from `src` (the kernel then
 /// demultiplexes by peer, as it does for a connected UDP socket).
 pub fn src_mac_filter(src: MacAddr) -> Vec<BpfInsn> {
-    const LDH_ABS: u16 = 0x28;
-    const LDW_ABS: u16 = 0x20;
-    const JEQ_K: u16 = 0x15;
-    const RET_K: u16 = 0x06;
+    const LDH_ABS: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16;
+    const LDW_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
     let m = src.0;
     let hi = u16::from_be_bytes([m[0], m[1]]) as u32;
     let lo = u32::from_be_bytes([m[2], m[3], m[4], m[5]]);
@@ -473,7 +495,12 @@ impl PacketDevice {
             cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })?;
         // SAFETY: a descriptor we just created and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        setsockopt(raw, SOL_PACKET, PACKET_VERSION, &TPACKET_V3)?;
+        setsockopt(
+            raw,
+            SOL_PACKET,
+            PACKET_VERSION,
+            &(libc::tpacket_versions::TPACKET_V3 as libc::c_int),
+        )?;
         // Frames this host sends are not received back (kernel >= 4.20).
         let _ = setsockopt(raw, SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
         // A malformed frame in the transmit ring is skipped, not a stall.
@@ -492,16 +519,8 @@ impl PacketDevice {
         let page = 4096;
         let rx_block = round_up(cfg.rx_block_size.max(page), page);
         let rx_blocks = cfg.rx_blocks.max(2);
-        let nominal = 2048;
-        let rx_req = TpacketReq3 {
-            block_size: rx_block as u32,
-            block_nr: rx_blocks as u32,
-            frame_size: nominal,
-            frame_nr: (rx_block / nominal as usize * rx_blocks) as u32,
-            retire_blk_tov: cfg.rx_block_timeout_ms.max(1),
-            sizeof_priv: 0,
-            feature_req_word: 0,
-        };
+        let nominal = 2048usize;
+        let rx_req = ring_req(rx_block, rx_blocks, nominal, cfg.rx_block_timeout_ms.max(1));
         setsockopt(raw, SOL_PACKET, PACKET_RX_RING, &rx_req)?;
 
         let capacity = eth::HEADER_LEN + mtu;
@@ -509,15 +528,7 @@ impl PacketDevice {
         let tx_block = slot.max(page);
         let per_block = tx_block / slot;
         let tx_blocks = cfg.tx_frames.max(per_block).div_ceil(per_block);
-        let tx_req = TpacketReq3 {
-            block_size: tx_block as u32,
-            block_nr: tx_blocks as u32,
-            frame_size: slot as u32,
-            frame_nr: (tx_blocks * per_block) as u32,
-            retire_blk_tov: 0,
-            sizeof_priv: 0,
-            feature_req_word: 0,
-        };
+        let tx_req = ring_req(tx_block, tx_blocks, slot, 0);
         setsockopt(raw, SOL_PACKET, PACKET_TX_RING, &tx_req)?;
 
         let rx_len = rx_block * rx_blocks;
@@ -556,11 +567,11 @@ impl PacketDevice {
             )
         })?;
         if cfg.promiscuous {
-            let mreq = PacketMreq {
-                ifindex,
-                kind: PACKET_MR_PROMISC,
-                alen: 0,
-                address: [0; 8],
+            let mreq = libc::packet_mreq {
+                mr_ifindex: ifindex,
+                mr_type: libc::PACKET_MR_PROMISC as u16,
+                mr_alen: 0,
+                mr_address: [0; 8],
             };
             setsockopt(raw, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq)?;
         }
@@ -612,31 +623,28 @@ impl AsRawFd for PacketDevice {
     }
 }
 
-#[repr(C)]
-struct TpacketReq3 {
-    block_size: u32,
-    block_nr: u32,
-    frame_size: u32,
-    frame_nr: u32,
-    retire_blk_tov: u32,
-    sizeof_priv: u32,
-    feature_req_word: u32,
-}
+// The kernel reads a filter program as `sock_filter`s.
+const _: () = assert!(
+    std::mem::size_of::<BpfInsn>() == std::mem::size_of::<libc::sock_filter>()
+        && std::mem::align_of::<BpfInsn>() == std::mem::align_of::<libc::sock_filter>()
+);
 
-#[repr(C)]
-struct PacketMreq {
-    ifindex: i32,
-    kind: u16,
-    alen: u16,
-    address: [u8; 8],
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct TpacketStatsV3 {
-    packets: u32,
-    drops: u32,
-    freeze_q_cnt: u32,
+/// A `tpacket_req3` for a ring.
+fn ring_req(
+    block_size: usize,
+    blocks: usize,
+    frame_size: usize,
+    retire_ms: u32,
+) -> libc::tpacket_req3 {
+    libc::tpacket_req3 {
+        tp_block_size: block_size as u32,
+        tp_block_nr: blocks as u32,
+        tp_frame_size: frame_size as u32,
+        tp_frame_nr: (block_size / frame_size * blocks) as u32,
+        tp_retire_blk_tov: retire_ms,
+        tp_sizeof_priv: 0,
+        tp_feature_req_word: 0,
+    }
 }
 
 impl FrameDevice for PacketDevice {
@@ -660,8 +668,12 @@ impl FrameDevice for PacketDevice {
     }
 
     fn stats(&self) -> FrameStats {
-        let mut st = TpacketStatsV3::default();
-        let mut len = std::mem::size_of::<TpacketStatsV3>() as libc::socklen_t;
+        let mut st = libc::tpacket_stats_v3 {
+            tp_packets: 0,
+            tp_drops: 0,
+            tp_freeze_q_cnt: 0,
+        };
+        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
         // SAFETY: reading into a live struct of the declared size. The
         // kernel resets its counters on every read, so they accumulate here.
         let rc = unsafe {
@@ -669,13 +681,13 @@ impl FrameDevice for PacketDevice {
                 self.fd.as_raw_fd(),
                 SOL_PACKET,
                 PACKET_STATISTICS,
-                (&mut st as *mut TpacketStatsV3).cast(),
+                (&mut st as *mut libc::tpacket_stats_v3).cast(),
                 &mut len,
             )
         };
         if rc == 0 {
             self.kernel_drops
-                .fetch_add(st.drops as u64, Ordering::Relaxed);
+                .fetch_add(st.tp_drops as u64, Ordering::Relaxed);
         }
         let (r, t) = (&self.rx.stats, &self.tx.stats);
         FrameStats {

@@ -201,10 +201,6 @@ pub struct TapDevice {
     mtu: usize,
 }
 
-const IFF_TAP: libc::c_short = 0x0002;
-const IFF_NO_PI: libc::c_short = 0x1000;
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-
 impl TapDevice {
     /// Creates (or attaches to) the TAP interface `name` in the calling
     /// thread's network namespace. Needs CAP_NET_ADMIN.
@@ -226,9 +222,9 @@ impl TapDevice {
         for (d, s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
             *d = *s as libc::c_char;
         }
-        req.ifr_ifru.ifru_flags = IFF_TAP | IFF_NO_PI;
+        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
         // SAFETY: TUNSETIFF reads and writes the ifreq.
-        cvt(unsafe { libc::ioctl(raw, TUNSETIFF as _, &mut req) })?;
+        cvt(unsafe { libc::ioctl(raw, libc::TUNSETIFF as _, &mut req) })?;
         let burst = cfg.burst.max(1);
         let size = eth::HEADER_LEN + cfg.mtu;
         Ok(TapDevice {

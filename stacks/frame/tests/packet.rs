@@ -27,7 +27,7 @@ fn receive(dev: &mut PacketDevice, want: usize, progress: &AtomicUsize) -> Vec<(
         }
         while let Some(v) = rx.take(|f| {
             let e = EthernetFrame::new_checked(&*f).unwrap();
-            assert_eq!(e.ethertype(), ETHERTYPE);
+            assert_eq!(uniplane_frame::eth::ethertype(&e), ETHERTYPE);
             let p = e.payload();
             (u32::from_be_bytes([p[0], p[1], p[2], p[3]]), f.len())
         }) {

@@ -20,8 +20,7 @@ use uniplane_dataplane::SplitMix64;
 use crate::relay::{Impairment, RelayStats};
 use crate::{Namespace, NetnsError};
 
-const ETH_P_ALL: u16 = 0x0003;
-const PACKET_OUTGOING: u8 = 4;
+const ETH_P_ALL: u16 = libc::ETH_P_ALL as u16;
 
 /// A running frame relay; stops when dropped.
 pub struct FrameRelay {
@@ -90,7 +89,7 @@ fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
         if n < 0 {
             return None;
         }
-        if from.sll_pkttype != PACKET_OUTGOING {
+        if from.sll_pkttype != libc::PACKET_OUTGOING {
             return Some(n as usize);
         }
     }

@@ -102,6 +102,39 @@ async fn exchange<D: uniplane_frame::FrameDevice>(host: &Host<D>, server: Ipv4Ad
     }
 }
 
+/// Waits (at most 20 s) until the capture file being written at `pcap`
+/// holds `at_least` frames matching `filter` (read from a copy, so a frame
+/// half written is no error).
+fn captured(pcap: &std::path::Path, filter: &str, at_least: usize, what: &str) {
+    let copy = pcap.with_extension("snapshot");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let count = std::fs::copy(pcap, &copy).ok().and_then(|_| {
+            Command::new("tshark")
+                .arg("-r")
+                .arg(&copy)
+                .args(["-Y", filter, "-T", "fields", "-e", "frame.number"])
+                .output()
+                .ok()
+                .map(|o| {
+                    o.stdout
+                        .split(|b| *b == b'\n')
+                        .filter(|l| !l.is_empty())
+                        .count()
+                })
+        });
+        if count.is_some_and(|c| c >= at_least) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the capture never held {what} ({count:?} of {at_least})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_file(&copy);
+}
+
 fn encoded(n: u32) -> usize {
     (0..n)
         .map(|i| msg(i, 1000 + i as usize % 500).encoded_len())
@@ -148,6 +181,25 @@ fn smoltcp_talks_tcp_and_udp_with_the_kernel_and_tshark_finds_every_checksum_goo
         line.contains("Capturing on"),
         "tshark did not start: {line}"
     );
+    // "Capturing on" comes before frames are really captured: probe the
+    // link until a probe shows up in the file, so nothing of the exchange
+    // (its first frames are the UDP round trip) is lost.
+    let (probe_from, probe_to) = (pair.addr_b, pair.addr_a);
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = seen.clone();
+    let prober = pair
+        .b
+        .spawn(move || {
+            let u = UdpSocket::bind((probe_from, 0)).unwrap();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = u.send_to(b"probe", (probe_to, 9));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .unwrap();
+    captured(&pcap, "udp.dstport == 9", 1, "the probes");
+    seen.store(true, std::sync::atomic::Ordering::Relaxed);
+    prober.join().unwrap();
 
     // smoltcp at .3 with a MAC of its own, beside the kernel's .1.
     let me = Ipv4Addr::from(u32::from(pair.addr_a) + 2);
@@ -179,7 +231,16 @@ fn smoltcp_talks_tcp_and_udp_with_the_kernel_and_tshark_finds_every_checksum_goo
         })
         .unwrap();
     assert_eq!(server.join().unwrap(), encoded(n));
-    std::thread::sleep(Duration::from_millis(500));
+    // Stop the capture only once a copy of what it wrote holds what the
+    // assertions below count (it lags the exchange on a loaded machine,
+    // and a stopped capture loses what it has not read yet).
+    let from_me = format!("ip.src == {me}");
+    captured(
+        &pcap,
+        &format!("{from_me} && tcp"),
+        101,
+        "smoltcp's TCP frames",
+    );
     // SAFETY: signalling the capture process this test started.
     unsafe { libc::kill(capture.id() as i32, libc::SIGINT) };
     let _ = capture.wait();
@@ -224,7 +285,6 @@ fn smoltcp_talks_tcp_and_udp_with_the_kernel_and_tshark_finds_every_checksum_goo
     };
     // Frames matching `filter`, one line each.
     let fields = |filter: &str| -> usize { show(filter, "frame.number").lines().count() };
-    let from_me = format!("ip.src == {me}");
     let tcp_good = fields(&format!("{from_me} && tcp.checksum.status == \"Good\""));
     let udp_good = fields(&format!("{from_me} && udp.checksum.status == \"Good\""));
     let ip_good = fields(&format!("{from_me} && ip.checksum.status == \"Good\""));

@@ -257,11 +257,11 @@ impl<D: FrameDevice> SharedDevice<D> {
                     bad += 1;
                     return;
                 };
-                if e.ethertype() != self.ethertype {
+                if eth::ethertype(&e) != self.ethertype {
                     bad += 1;
                     return;
                 }
-                let src = e.src();
+                let src = eth::src(&e);
                 let known = peers.contains_key(&src);
                 if !known && (!*listening || peers.len() >= self.max_connections) {
                     unknown += 1;

@@ -73,10 +73,10 @@ impl<D: FrameDevice> EtherPort<D> {
 /// The datagram a frame carries, if the frame is well formed.
 pub(crate) fn datagram_of(frame: &[u8], ethertype: u16) -> Option<(MacAddr, &[u8])> {
     let e = EthernetFrame::new_checked(frame).ok()?;
-    if e.ethertype() != ethertype {
+    if eth::ethertype(&e) != ethertype {
         return None;
     }
-    let src = e.src();
+    let src = eth::src(&e);
     let p = &frame[eth::HEADER_LEN..];
     if p.len() < LENGTH_LEN {
         return None;

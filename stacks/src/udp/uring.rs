@@ -65,9 +65,6 @@ const MAX_SEND_WAITS: usize = 10_000;
 /// allocation.
 const RX_CHUNK: usize = 256 << 10;
 
-/// `io_uring_enter` flag: wait for (and reap into the ring) completions.
-const IORING_ENTER_GETEVENTS: u32 = 1;
-
 /// Whether this kernel lets this process create an io_uring ring.
 pub fn available() -> bool {
     static PROBE: OnceLock<bool> = OnceLock::new();
@@ -562,7 +559,7 @@ impl DatagramPort for UringPort {
                     self.ring.submitter().enter::<libc::sigset_t>(
                         0,
                         0,
-                        IORING_ENTER_GETEVENTS,
+                        io_uring::EnterFlags::GETEVENTS.bits(),
                         None,
                     )?;
                 }
