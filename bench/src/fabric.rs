@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::task::noop_waker;
-use futures_util::{Sink, Stream};
+use futures_util::Sink;
 use serde_json::{json, Value};
 use uniplane_dataplane::ring::{ring, ring_link, RingLink};
 use uniplane_dataplane::{Link, Message, Uid};
@@ -87,7 +87,7 @@ fn stamped(
 }
 
 /// Pushes into a ring link without waiting; gives the message back when full.
-fn offer(link: &mut RingLink, cx: &mut Context<'_>, m: Message) -> Result<(), Message> {
+fn offer<L: Link>(link: &mut L, cx: &mut Context<'_>, m: Message) -> Result<(), Message> {
     match Pin::new(&mut *link).poll_ready(cx) {
         Poll::Ready(Ok(())) => Pin::new(&mut *link)
             .start_send(m)
@@ -313,8 +313,8 @@ pub fn memcpy_gbytes(size: usize, seconds: f64) -> f64 {
 
 /// Sends request `i` of a round-trip run: a stamped message from uid 1 to
 /// uid 2.
-fn ask(
-    app: &mut RingLink,
+fn ask<L: Link>(
+    app: &mut L,
     cx: &mut Context<'_>,
     clock: &MonotonicClock,
     size: usize,
@@ -330,8 +330,8 @@ fn ask(
 }
 
 /// Spins until the answer comes back on `app` and records its round trip.
-fn await_answer(
-    app: &mut RingLink,
+fn await_answer<L: Link>(
+    app: &mut L,
     cx: &mut Context<'_>,
     clock: &MonotonicClock,
     rtt: &mut Latency,
@@ -347,71 +347,141 @@ fn await_answer(
     }
 }
 
-/// Round trips of `size`-byte messages from thread A to an echo and back:
-/// `direct` through a ring pair to an echo thread; otherwise through an
-/// engine busy-polling on its own thread, with the echo port served by A.
-fn round_trips(direct: bool, size: usize, count: u64) -> Result<Latency, BenchError> {
+/// How a round trip of `overhead` crosses the overlay.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// No overlay: a ring pair to an echo thread.
+    Direct,
+    /// Through an engine busy-polling on its own thread, the echo port
+    /// served by the asking thread.
+    EngineThread,
+    /// Through inline links to a parked engine: each side forwards on its
+    /// own thread, the echo on a thread of its own.
+    Inline,
+}
+
+/// Echoes what reaches `port` back to UID 1 until `stop`, on a thread of
+/// its own.
+fn echo_thread<L: Link + 'static>(
+    mut port: L,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let waker = noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut inbox = Vec::with_capacity(8);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            inbox.clear();
+            if let Poll::Ready(Ok(n)) = port.poll_recv_batch(&mut cx, &mut inbox, 8) {
+                if n > 0 {
+                    echo_back(&mut port, &mut cx, &mut inbox);
+                    continue;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    })
+}
+
+/// Sends each message of `inbox` back whence it came and flushes once.
+fn echo_back<L: Link>(port: &mut L, cx: &mut Context<'_>, inbox: &mut Vec<Message>) {
+    for m in inbox.drain(..) {
+        let (h, payload) = m.into_parts();
+        if let Ok(back) = Message::send(h.dst.port(2), h.src.port(1), payload) {
+            let _ = offer(port, cx, back);
+        }
+    }
+    let _ = Pin::new(&mut *port).poll_flush(cx);
+}
+
+/// Round trips of `size`-byte messages from this thread to an echo and
+/// back along `path`.
+fn round_trips(path: Path, size: usize, count: u64) -> Result<Latency, BenchError> {
     let clock = MonotonicClock::new();
     let mut rtt = Latency::new();
     let waker = noop_waker();
     let mut cx = Context::from_waker(&waker);
     let mut arena = BytesMut::with_capacity(1 << 20);
-    let mut inbox = Vec::with_capacity(4);
-    if direct {
-        let (mut app, mut port) = ring_link(64);
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let echo = std::thread::spawn(move || {
-            let mut buf = Vec::with_capacity(8);
-            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-                buf.clear();
-                port.input.pop_into(&mut buf, 8);
-                for m in buf.drain(..) {
-                    let _ = port.output.push(m);
-                }
-                port.output.flush();
-            }
-        });
-        for i in 0..count {
-            ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
-            await_answer(&mut app, &mut cx, &clock, &mut rtt);
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let _ = echo.join();
-        return Ok(rtt);
-    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let plane = |e: uniplane_overlay::PlaneError| BenchError::Config(e.to_string());
-    let mut h = Engine::new(EngineConfig::default()).spawn(RunMode::BusyPoll);
-    let (a, mut app) = h.attach(PortSpec::app("app")).map_err(plane)?;
-    let (b, mut echo) = h.attach(PortSpec::app("echo")).map_err(plane)?;
+    match path {
+        Path::Direct => {
+            let (mut app, port) = ring_link(64);
+            // The engine's end of a ring pair, echoed as a link would.
+            struct Ends(uniplane_dataplane::ring::RingPort);
+            let echo = {
+                let stop = stop.clone();
+                let mut port = Ends(port);
+                std::thread::spawn(move || {
+                    let mut buf = Vec::with_capacity(8);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        buf.clear();
+                        port.0.input.pop_into(&mut buf, 8);
+                        for m in buf.drain(..) {
+                            let _ = port.0.output.push(m);
+                        }
+                        port.0.output.flush();
+                    }
+                })
+            };
+            for i in 0..count {
+                ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
+                await_answer(&mut app, &mut cx, &clock, &mut rtt);
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = echo.join();
+        }
+        Path::Inline => {
+            let mut h = Engine::new(EngineConfig::default())
+                .spawn(RunMode::SpinThenPark { spins: 64 });
+            let (a, mut app) = h.attach_inline(PortSpec::app("app")).map_err(plane)?;
+            let (b, echo) = h.attach_inline(PortSpec::app("echo")).map_err(plane)?;
+            wire_echo(&mut h, a, b)?;
+            let echo = echo_thread(echo, stop.clone());
+            for i in 0..count {
+                ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
+                await_answer(&mut app, &mut cx, &clock, &mut rtt);
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = echo.join();
+            drop(h.stop());
+        }
+        Path::EngineThread => {
+            let mut h = Engine::new(EngineConfig::default()).spawn(RunMode::BusyPoll);
+            let (a, mut app) = h.attach(PortSpec::app("app")).map_err(plane)?;
+            let (b, mut echo) = h.attach(PortSpec::app("echo")).map_err(plane)?;
+            wire_echo(&mut h, a, b)?;
+            let mut inbox = Vec::with_capacity(4);
+            for i in 0..count {
+                ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
+                // Echo: what reaches port b goes back to uid 1.
+                loop {
+                    inbox.clear();
+                    if let Poll::Ready(Ok(n)) = echo.poll_recv_batch(&mut cx, &mut inbox, 4) {
+                        if n > 0 {
+                            echo_back(&mut echo, &mut cx, &mut inbox);
+                            break;
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+                await_answer(&mut app, &mut cx, &clock, &mut rtt);
+            }
+            drop(h.stop());
+        }
+    }
+    Ok(rtt)
+}
+
+/// Port `a` is UID 1, port `b` UID 2, each admitting everything.
+fn wire_echo(h: &mut dyn ForwardingPlane, a: PortId, b: PortId) -> Result<(), BenchError> {
+    let plane = |e: uniplane_overlay::PlaneError| BenchError::Config(e.to_string());
     for p in [a, b] {
         h.add_acl_rule(p, AclRule::ALLOW_ALL).map_err(plane)?;
     }
     h.add_route(a, Route::exact(uid(2), b)).map_err(plane)?;
     h.add_route(b, Route::exact(uid(1), a)).map_err(plane)?;
-    for i in 0..count {
-        ask(&mut app, &mut cx, &clock, size, i, &mut arena)?;
-        // Echo: what reaches port b goes back to uid 1.
-        loop {
-            inbox.clear();
-            if let Poll::Ready(Ok(n)) = echo.poll_recv_batch(&mut cx, &mut inbox, 4) {
-                if n > 0 {
-                    for m in inbox.drain(..) {
-                        let (h2, payload) = m.into_parts();
-                        let back = Message::send(h2.dst.port(2), h2.src.port(1), payload)
-                            .map_err(|e| BenchError::Config(e.to_string()))?;
-                        let _ = offer(&mut echo, &mut cx, back);
-                    }
-                    let _ = Pin::new(&mut echo).poll_flush(&mut cx);
-                    break;
-                }
-            }
-            std::hint::spin_loop();
-        }
-        await_answer(&mut app, &mut cx, &clock, &mut rtt);
-    }
-    drop(h.stop());
-    Ok(rtt)
+    Ok(())
 }
 
 /// Runs `overhead`: the latency the overlay adds to one traversal,
@@ -423,18 +493,24 @@ pub fn run_overhead(size: usize, count: u64) -> Result<Value, BenchError> {
             Message::MAX_PAYLOAD
         )));
     }
-    // Alternate to share the machine's state fairly: A B A B.
+    // Alternate to share the machine's state fairly: A B C A B C.
     let mut without = Latency::new();
-    let mut with = Latency::new();
+    let mut inline = Latency::new();
+    let mut thread = Latency::new();
     for _ in 0..2 {
-        without.merge(&round_trips(true, size, count / 2)?);
-        with.merge(&round_trips(false, size, count / 2)?);
+        without.merge(&round_trips(Path::Direct, size, count / 2)?);
+        inline.merge(&round_trips(Path::Inline, size, count / 2)?);
+        thread.merge(&round_trips(Path::EngineThread, size, count / 2)?);
     }
-    let added = |q: f64| (with.quantile(q) as f64 - without.quantile(q) as f64) / 2.0;
+    let added = |with: &Latency, q: f64| {
+        (with.quantile(q) as f64 - without.quantile(q) as f64) / 2.0
+    };
     Ok(json!({
-        "added_ns": { "p50": added(0.5), "p99": added(0.99) },
+        "added_ns": { "p50": added(&inline, 0.5), "p99": added(&inline, 0.99) },
+        "added_through_engine_thread_ns": { "p50": added(&thread, 0.5), "p99": added(&thread, 0.99) },
         "rtt_without_ns": without.percentiles(),
-        "rtt_with_ns": with.percentiles(),
-        "note": "without: app and echo threads over one ring pair (2 cross-core hand-offs per round trip); with: app and echo on one thread, the engine busy-polling on the other core (4 hand-offs); added per traversal = one hand-off plus the engine's work",
+        "rtt_inline_ns": inline.percentiles(),
+        "rtt_through_engine_thread_ns": thread.percentiles(),
+        "note": "without: app and echo threads over one ring pair (2 cross-core hand-offs per round trip); inline: the same two threads on inline links, each forwarding through the engine on its own thread (2 hand-offs, 2 engine passes; added per traversal = one pass); through the engine thread: app and echo on one thread, the engine busy-polling on another core (4 hand-offs; added = one hand-off plus the engine's work)",
     }))
 }

@@ -1299,13 +1299,17 @@ fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
 
 fn overhead(cli: &Cli, a: &OverheadArgs) -> Result<(), BenchError> {
     let results = uniplane_bench::fabric::run_overhead(a.size, a.count)?;
+    let f = |path: &str, q: &str| results[path][q].as_f64().unwrap_or(0.0);
     println!(
-        "overhead {} B: the overlay adds p50 {:.0} ns, p99 {:.0} ns per traversal (round trips: without p50 {} ns, with p50 {} ns)",
+        "overhead {} B: the overlay adds p50 {:.0} ns, p99 {:.0} ns per traversal inline; through the engine's thread p50 {:.0} ns, p99 {:.0} ns (round trips p50: without {} ns, inline {} ns, engine thread {} ns)",
         a.size,
-        results["added_ns"]["p50"].as_f64().unwrap_or(0.0),
-        results["added_ns"]["p99"].as_f64().unwrap_or(0.0),
+        f("added_ns", "p50"),
+        f("added_ns", "p99"),
+        f("added_through_engine_thread_ns", "p50"),
+        f("added_through_engine_thread_ns", "p99"),
         results["rtt_without_ns"]["p50"],
-        results["rtt_with_ns"]["p50"],
+        results["rtt_inline_ns"]["p50"],
+        results["rtt_through_engine_thread_ns"]["p50"],
     );
     let params = json!({ "size": a.size, "count": a.count });
     emit(cli.json, &Report::new("overhead", params, results))

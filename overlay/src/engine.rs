@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, Thread};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uniplane_dataplane::ring::{ring_link, RingLink, RingPort};
 use uniplane_dataplane::sched::Policy;
@@ -41,6 +41,7 @@ use uniplane_dataplane::{Message, PortClosed, PortIo, Uid};
 
 use crate::acl::{AccessControl, AclRule, ConnKey};
 use crate::crossbar::Crossbar;
+use crate::inline::Inline;
 use crate::plane::{
     ForwardingPlane, IoSlot, PlaneError, PlaneOp, PortCounters, PortDump, PortSpec,
 };
@@ -102,6 +103,10 @@ pub(crate) struct Port {
     pub(crate) acl: AccessControl,
     pub(crate) reassembler: Option<Reassembler>,
     pub(crate) counters: PortCounters,
+    /// Its sender forwards what it sends on its own thread (an
+    /// [`InlineLink`](crate::inline::InlineLink)): the engine's thread
+    /// does not wait on this input's ring, so a send wakes nobody.
+    pub(crate) inline: bool,
 }
 
 impl Port {
@@ -118,6 +123,7 @@ impl Port {
             acl: AccessControl::new(),
             reassembler,
             counters: PortCounters::default(),
+            inline: false,
         }
     }
 
@@ -420,7 +426,11 @@ impl Engine {
         &self.config
     }
 
-    fn attach_queues(&mut self, spec: PortSpec, queues: Queues) -> Result<PortId, PlaneError> {
+    pub(crate) fn attach_queues(
+        &mut self,
+        spec: PortSpec,
+        queues: Queues,
+    ) -> Result<PortId, PlaneError> {
         let slot = self
             .ports
             .iter()
@@ -431,7 +441,7 @@ impl Engine {
         Ok(slot as PortId)
     }
 
-    fn port_mut(&mut self, id: PortId) -> Result<&mut Port, PlaneError> {
+    pub(crate) fn port_mut(&mut self, id: PortId) -> Result<&mut Port, PlaneError> {
         self.ports
             .get_mut(id as usize)
             .and_then(Option::as_mut)
@@ -484,6 +494,18 @@ impl Engine {
     /// Returns the messages moved; 0 means the engine was idle.
     pub fn step(&mut self, now: Duration) -> usize {
         self.apply_commands();
+        let (work, _) = self.step_data(now);
+        if now.saturating_sub(self.last_expiry) >= Duration::from_millis(1) {
+            self.last_expiry = now;
+            self.expire(now);
+        }
+        work
+    }
+
+    /// Every input (a burst each), then every output: a pass without the
+    /// commands and timeouts, which stay the engine thread's. Returns the
+    /// messages moved and whether any input or queue still holds some.
+    pub(crate) fn step_data(&mut self, now: Duration) -> (usize, bool) {
         let mut work = 0;
         let n = self.ports.len();
         for k in 0..n {
@@ -491,14 +513,33 @@ impl Engine {
             work += self.read_input(pi as PortId);
         }
         self.start = (self.start + 1) % n.max(1);
+        let mut left = false;
         for o in 0..n {
             work += self.write_output(o as PortId, now);
+            left |= self.crossbar.backlog(o as PortId) > 0;
         }
-        if now.saturating_sub(self.last_expiry) >= Duration::from_millis(1) {
-            self.last_expiry = now;
-            self.expire(now);
+        (work, left)
+    }
+
+    /// The inline fast path's pass (see [`crate::inline`]): input `pi`'s
+    /// burst, then every output with queued messages — the same connector,
+    /// crossbar and schedulers as [`Engine::step`], for the one input that
+    /// has news. Returns the messages moved and whether work is left that
+    /// only the engine's thread can finish (input or queues still holding
+    /// messages: a full queue or a receiver's full ring).
+    pub(crate) fn step_from(&mut self, pi: PortId, now: Duration) -> (usize, bool) {
+        let mut work = self.read_input(pi);
+        let mut left = false;
+        for o in 0..self.ports.len() {
+            if self.crossbar.backlog(o as PortId) > 0 {
+                work += self.write_output(o as PortId, now);
+                left |= self.crossbar.backlog(o as PortId) > 0;
+            }
         }
-        work
+        if let Some(p) = self.ports[pi as usize].as_mut() {
+            left |= p.queues.available() > 0;
+        }
+        (work, left)
     }
 
     fn read_input(&mut self, pi: PortId) -> usize {
@@ -573,35 +614,55 @@ impl Engine {
     }
 
     /// Runs the engine on a thread of its own until the handle stops it.
+    ///
+    /// The engine sits behind the [`Inline`](crate::inline::Inline) cell:
+    /// its thread takes it for each pass, and a sender holding an
+    /// [`InlineLink`](crate::inline::InlineLink) takes it to forward its
+    /// own messages on its own thread (see [`crate::inline`]).
     pub fn spawn(mut self, mode: RunMode) -> EngineHandle {
         let (remote, inbox) = crate::remote::channel("engine", 64);
         self.commands = Some(inbox);
+        let cell = Arc::new(Inline::new(self));
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
+        let cell2 = cell.clone();
         let join = std::thread::Builder::new()
             .name("uniplane-engine".into())
-            .spawn(move || self.run(mode, &stop2))
+            .spawn(move || Engine::run(&cell2, mode, &stop2))
             .ok();
-        let threads = join.iter().map(|j| j.thread().clone()).collect();
+        let threads: Vec<Thread> = join.iter().map(|j| j.thread().clone()).collect();
+        if let Some(t) = threads.first() {
+            cell.set_thread(t.clone());
+        }
         EngineHandle {
             remote,
             stop,
             threads,
             join: join.map(|j| Arc::new(Joined::One(j))),
+            inline: Some(cell),
         }
     }
 
-    fn run(mut self, mode: RunMode, stop: &AtomicBool) -> Engine {
-        let epoch = Instant::now();
+    /// The engine's thread: a pass whenever it holds the engine, then
+    /// spin or park as `mode` says. A pass that finds the engine held by
+    /// an inline sender counts as work: that sender moves the messages,
+    /// and whatever it could not finish it leaves flagged (`missed`).
+    fn run(cell: &Inline, mode: RunMode, stop: &AtomicBool) {
+        let epoch = cell.epoch();
         let mut idler = Idler::new(mode, false);
         while !stop.load(Ordering::Acquire) {
-            if self.step(epoch.elapsed()) > 0 {
+            let now = epoch.elapsed();
+            cell.set_now(now);
+            let worked = match cell.pass(true, |e| e.step(now)) {
+                Some(n) => n > 0,
+                None => true,
+            };
+            if worked {
                 idler.worked();
             } else {
-                idler.idle(|cx| self.arm(cx));
+                idler.idle(|cx| cell.pass(false, |e| e.arm(cx)).unwrap_or(true));
             }
         }
-        self
     }
 
     /// Registers the engine's waker on every ring it waits on; true when
@@ -614,7 +675,11 @@ impl Engine {
         for (i, port) in self.ports.iter_mut().enumerate() {
             let Some(port) = port else { continue };
             let q = &mut port.queues;
-            ready |= matches!(q.poll_available(cx), Poll::Ready(true));
+            // An inline port's sender forwards for itself; has_work below
+            // still sees what waits in its ring.
+            if !port.inline {
+                ready |= matches!(q.poll_available(cx), Poll::Ready(true));
+            }
             if self.crossbar.backlog(i as PortId) > 0 {
                 ready |= matches!(q.poll_ready(cx), Poll::Ready(_));
             }
@@ -824,12 +889,14 @@ pub struct EngineHandle {
     /// Every thread of the engine, woken to see the stop.
     pub(crate) threads: Vec<Thread>,
     pub(crate) join: Option<Arc<Joined>>,
+    /// A single engine's cell, which inline senders share.
+    pub(crate) inline: Option<Arc<Inline>>,
 }
 
 /// The threads [`EngineHandle::stop`] waits for.
 pub(crate) enum Joined {
-    /// A single engine, given back.
-    One(JoinHandle<Engine>),
+    /// A single engine's thread (the engine stays in its cell).
+    One(JoinHandle<()>),
     /// A sharded engine's shards and its control thread.
     Many(Vec<JoinHandle<()>>),
 }
@@ -848,13 +915,19 @@ impl EngineHandle {
     /// (with its counters) when this was the last handle to hold a single
     /// engine's thread. A sharded engine gives nothing back (read its
     /// counters before stopping it).
+    ///
+    /// An [`InlineLink`](crate::inline::InlineLink) shares the engine too:
+    /// while one is alive the engine is not given back.
     pub fn stop(mut self) -> Option<Engine> {
         self.stop.store(true, Ordering::Release);
         for t in &self.threads {
             t.unpark();
         }
         match Arc::into_inner(self.join.take()?)? {
-            Joined::One(j) => j.join().ok(),
+            Joined::One(j) => {
+                j.join().ok()?;
+                Some(Arc::into_inner(self.inline.take()?)?.into_engine())
+            }
             Joined::Many(js) => {
                 for j in js {
                     let _ = j.join();

@@ -8,6 +8,7 @@
 //! - [`translator`]: many connections over one stack tunnel.
 //! - [`plane`]: the `ForwardingPlane` control API.
 //! - [`engine`]: the run-to-completion loop that ties them together.
+//! - [`inline`]: the fast path that forwards on the sender's thread.
 //! - [`shard`]: the same engine on N threads, one crossbar between them.
 
 #![deny(missing_docs)]
@@ -15,6 +16,7 @@
 pub mod acl;
 pub mod crossbar;
 pub mod engine;
+pub mod inline;
 pub mod plane;
 pub mod remote;
 pub mod segment;
@@ -23,6 +25,7 @@ pub mod table;
 pub mod translator;
 
 pub use engine::{Engine, EngineConfig, EngineHandle, RunMode};
+pub use inline::InlineLink;
 pub use plane::{
     ForwardingPlane, IoSlot, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortKind,
     PortSpec,

@@ -830,5 +830,6 @@ pub fn spawn_sharded(
         stop,
         threads,
         join: Some(Arc::new(Joined::Many(joins))),
+        inline: None,
     })
 }

@@ -5,16 +5,15 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{flush, msg, sender, try_recv, try_send, uid};
+use common::{exchange, flush, msg, rules, sender, try_recv, try_send};
 use proptest::prelude::*;
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::{Message, Uid};
-use uniplane_overlay::acl::{AclRule, ConnKey};
-use uniplane_overlay::table::Route;
+use uniplane_overlay::acl::ConnKey;
 use uniplane_overlay::{
     spawn_sharded, Engine, EngineConfig, EngineHandle, ForwardingPlane, PortId, PortSpec, RunMode,
     ShardConfig,
@@ -25,9 +24,7 @@ use uniplane_overlay::{
 /// of 160,000 hotspot messages in 30 s at load 12).
 const DEADLINE: Duration = Duration::from_secs(90);
 
-/// Ports 0..n as apps with UIDs 1..=n on `plane`: every port routes each
-/// UID to its port; `deny` lists inputs with no ACL rule (everything they
-/// send is answered `Denied`); UID n+1 has no route (answered `NoRoute`).
+/// Ports 0..n as apps on `plane`, wired as [`common::rules`] says.
 fn wire(plane: &mut dyn ForwardingPlane, n: usize, deny: &[usize]) -> Vec<RingLink> {
     let mut links = Vec::new();
     for i in 0..n {
@@ -35,14 +32,7 @@ fn wire(plane: &mut dyn ForwardingPlane, n: usize, deny: &[usize]) -> Vec<RingLi
         assert_eq!(id as usize, i);
         links.push(link);
     }
-    for p in 0..n as PortId {
-        if !deny.contains(&(p as usize)) {
-            plane.add_acl_rule(p, AclRule::ALLOW_ALL).unwrap();
-        }
-        for d in 0..n as PortId {
-            plane.add_route(p, Route::exact(uid(d + 1), d)).unwrap();
-        }
-    }
+    rules(plane, n, deny);
     links
 }
 
@@ -56,52 +46,6 @@ fn sharded(shards: usize, config: EngineConfig) -> EngineHandle {
         RunMode::SpinThenPark { spins: 64 },
     )
     .unwrap()
-}
-
-/// What one port received: per (source UID, status flag) the sequence
-/// numbers in arrival order.
-type Received = BTreeMap<(String, bool), Vec<u32>>;
-
-/// Sends `traffic[i]` from port i (in order) and collects what every port
-/// receives until `expect` messages arrived. `step` runs the plane once
-/// when it is stepped by hand (the single engine); a spawned one runs by
-/// itself.
-fn exchange(
-    links: &mut [RingLink],
-    traffic: &[Vec<Message>],
-    expect: usize,
-    mut step: impl FnMut(),
-) -> Vec<Received> {
-    let mut next = vec![0usize; links.len()];
-    let mut got: Vec<Received> = vec![BTreeMap::new(); links.len()];
-    let mut count = 0;
-    let start = Instant::now();
-    while count < expect {
-        assert!(start.elapsed() < DEADLINE, "{count} of {expect} arrived");
-        for (i, link) in links.iter_mut().enumerate() {
-            while next[i] < traffic[i].len() {
-                if try_send(link, traffic[i][next[i]].clone()).is_err() {
-                    break;
-                }
-                next[i] += 1;
-            }
-            flush(link);
-        }
-        step();
-        for (i, link) in links.iter_mut().enumerate() {
-            while let Some(m) = try_recv(link) {
-                let h = m.header();
-                let error = h.flags.contains(uniplane_dataplane::wire::MsgFlags::ERROR);
-                got[i]
-                    .entry((h.src.to_string(), error))
-                    .or_default()
-                    .push(h.seqnum);
-                count += 1;
-            }
-        }
-        std::thread::yield_now();
-    }
-    got
 }
 
 proptest! {
@@ -139,14 +83,14 @@ proptest! {
         let mut one = Engine::new(config.clone());
         let mut links = wire(&mut one, ports, &deny);
         let mut t = 0u64;
-        let want = exchange(&mut links, &traffic, expect, || {
+        let want = exchange(&mut links, &traffic, expect, DEADLINE, || {
             one.step(Duration::from_nanos(t));
             t += 1;
         });
 
         let mut many = sharded(shards, config);
         let mut links = wire(&mut many, ports, &deny);
-        let got = exchange(&mut links, &traffic, expect, || {});
+        let got = exchange(&mut links, &traffic, expect, DEADLINE, || {});
         drop(links);
         many.stop();
         prop_assert_eq!(got, want);
