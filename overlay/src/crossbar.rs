@@ -22,10 +22,16 @@ pub struct Crossbar {
     depth: usize,
     /// Queue of (input, output) at `input * ports + output`.
     voq: Vec<VecDeque<Message>>,
-    /// Messages queued per output.
-    backlog: Vec<usize>,
-    sched: Vec<Scheduler>,
+    /// Messages queued per output. Each output's count and scheduler sit
+    /// on cache lines of their own: senders forwarding inline on
+    /// different cores each write their own output's.
+    backlog: Vec<Line<usize>>,
+    sched: Vec<Line<Scheduler>>,
 }
+
+/// A value on a cache line of its own.
+#[repr(align(64))]
+struct Line<T>(T);
 
 impl Crossbar {
     /// A crossbar of `ports` inputs and outputs, each queue holding `depth`
@@ -38,8 +44,8 @@ impl Crossbar {
             voq: (0..ports * ports)
                 .map(|_| VecDeque::with_capacity(depth))
                 .collect(),
-            backlog: vec![0; ports],
-            sched: (0..ports).map(|_| Scheduler::new(ports)).collect(),
+            backlog: (0..ports).map(|_| Line(0)).collect(),
+            sched: (0..ports).map(|_| Line(Scheduler::new(ports))).collect(),
         }
     }
 
@@ -67,14 +73,14 @@ impl Crossbar {
             return Err(m);
         }
         q.push_back(m);
-        self.backlog[output as usize] += 1;
+        self.backlog[output as usize].0 += 1;
         Ok(())
     }
 
     /// Messages waiting for `output`.
     #[inline]
     pub fn backlog(&self, output: PortId) -> usize {
-        self.backlog[output as usize]
+        self.backlog[output as usize].0
     }
 
     /// The next message for `output` as its scheduler picks it, with the
@@ -82,7 +88,7 @@ impl Crossbar {
     #[inline]
     pub fn pop(&mut self, output: PortId) -> Option<(PortId, Message)> {
         let out = output as usize;
-        if self.backlog[out] == 0 {
+        if self.backlog[out].0 == 0 {
             return None;
         }
         let ports = self.ports;
@@ -92,9 +98,9 @@ impl Crossbar {
                 .front()
                 .map(|m| m.encoded_len() as u32)
         };
-        let input = self.sched[out].pick(&head)?;
+        let input = self.sched[out].0.pick(&head)?;
         let m = self.voq[input * ports + out].pop_front()?;
-        self.backlog[out] -= 1;
+        self.backlog[out].0 -= 1;
         Some((input as PortId, m))
     }
 
@@ -102,7 +108,9 @@ impl Crossbar {
     /// is lost or reordered). Lists may be shorter than the number of
     /// ports: the inputs left out get weight 1 and the least urgent class.
     pub fn set_policy(&mut self, output: PortId, policy: Policy) -> Result<(), PolicyError> {
-        self.sched[output as usize].set_policy(padded(policy, self.ports))
+        self.sched[output as usize]
+            .0
+            .set_policy(padded(policy, self.ports))
     }
 
     /// Drops every message queued for `output` (its port is gone), and
@@ -111,18 +119,18 @@ impl Crossbar {
         let o = output as usize;
         for input in 0..self.ports {
             let q = &mut self.voq[input * self.ports + o];
-            self.backlog[o] -= q.len();
+            self.backlog[o].0 -= q.len();
             q.clear();
             let q = &mut self.voq[o * self.ports + input];
-            self.backlog[input] -= q.len();
+            self.backlog[input].0 -= q.len();
             q.clear();
         }
-        let _ = self.sched[o].set_policy(Policy::RoundRobin);
+        let _ = self.sched[o].0.set_policy(Policy::RoundRobin);
     }
 
     /// The policy of `output`.
     pub fn policy(&self, output: PortId) -> &Policy {
-        self.sched[output as usize].policy()
+        self.sched[output as usize].0.policy()
     }
 }
 

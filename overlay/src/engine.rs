@@ -102,7 +102,11 @@ pub(crate) struct Port {
     pub(crate) table: ForwardingTable,
     pub(crate) acl: AccessControl,
     pub(crate) reassembler: Option<Reassembler>,
+    /// What its input did (written by whoever reads the input).
     pub(crate) counters: PortCounters,
+    /// What its output sent (written by whoever fills the output: with
+    /// inline senders, another thread than the input's).
+    pub(crate) tx: TxCounters,
     /// Its sender forwards what it sends on its own thread (an
     /// [`InlineLink`](crate::inline::InlineLink)): the engine's thread
     /// does not wait on this input's ring, so a send wakes nobody.
@@ -123,6 +127,7 @@ impl Port {
             acl: AccessControl::new(),
             reassembler,
             counters: PortCounters::default(),
+            tx: TxCounters::default(),
             inline: false,
         }
     }
@@ -132,7 +137,11 @@ impl Port {
         if let Some(r) = &self.reassembler {
             self.counters.reassembly = r.stats();
         }
-        self.counters
+        PortCounters {
+            tx_msgs: self.tx.msgs,
+            tx_bytes: self.tx.bytes,
+            ..self.counters
+        }
     }
 
     /// Reads up to `burst` messages from this port (number `pi`) into
@@ -173,10 +182,10 @@ impl Port {
         let Port {
             queues,
             reassembler,
-            counters,
+            tx,
             ..
         } = self;
-        Engine::fill_output(queues, from, reassembler, counters, o, now)
+        Engine::fill_output(queues, from, reassembler, tx, o, now)
     }
 
     /// Drops what waited too long for its other segments.
@@ -195,6 +204,14 @@ impl Port {
             self.counters.reassembly = r.stats();
         }
     }
+}
+
+/// What a port's output sent, on a cache line of its own.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct TxCounters {
+    pub(crate) msgs: u64,
+    pub(crate) bytes: u64,
 }
 
 /// Where an input's connector queues what it forwards: the crossbar of a
@@ -234,6 +251,35 @@ impl Outputs for Crossbar {
     #[inline]
     fn pop(&mut self, output: PortId) -> Option<(PortId, Message)> {
         Crossbar::pop(self, output)
+    }
+}
+
+/// The outputs one input's burst queued to, each once.
+#[derive(Default)]
+struct Touched {
+    seen: Vec<bool>,
+    list: Vec<PortId>,
+}
+
+/// The crossbar, noting which outputs a burst queues to.
+struct Touching<'a> {
+    crossbar: &'a mut Crossbar,
+    touched: &'a mut Touched,
+}
+
+impl Voqs for Touching<'_> {
+    #[inline]
+    fn room(&mut self, input: PortId, output: PortId) -> usize {
+        self.crossbar.room(input, output)
+    }
+    #[inline]
+    fn push(&mut self, input: PortId, output: PortId, m: Message) -> Result<(), Message> {
+        let seen = &mut self.touched.seen[output as usize];
+        if !*seen {
+            *seen = true;
+            self.touched.list.push(output);
+        }
+        self.crossbar.push(input, output, m)
     }
 }
 
@@ -403,6 +449,8 @@ pub struct Engine {
     commands: Option<PlaneInbox>,
     /// Where the next step starts reading, so no input is always first.
     start: usize,
+    /// Outputs an inline pass queued to (preallocated).
+    touched: Touched,
     last_expiry: Duration,
 }
 
@@ -416,6 +464,10 @@ impl Engine {
             translator: Translator::new(),
             commands: None,
             start: 0,
+            touched: Touched {
+                seen: vec![false; config.max_ports],
+                list: Vec::with_capacity(config.max_ports),
+            },
             last_expiry: Duration::ZERO,
             config,
         }
@@ -527,18 +579,28 @@ impl Engine {
     /// has news. Returns the messages moved and whether work is left that
     /// only the engine's thread can finish (input or queues still holding
     /// messages: a full queue or a receiver's full ring).
+    ///
+    /// Only the outputs this input's burst queued to are filled (a sender
+    /// touches no other output's state); what waited for others before
+    /// is the engine thread's, which was woken when it was left.
     pub(crate) fn step_from(&mut self, pi: PortId, now: Duration) -> (usize, bool) {
-        let mut work = self.read_input(pi);
-        let mut left = false;
-        for o in 0..self.ports.len() {
-            if self.crossbar.backlog(o as PortId) > 0 {
-                work += self.write_output(o as PortId, now);
-                left |= self.crossbar.backlog(o as PortId) > 0;
-            }
+        let Some(port) = self.ports[pi as usize].as_mut() else {
+            return (0, false);
+        };
+        let mut touched = std::mem::take(&mut self.touched);
+        let mut voqs = Touching {
+            crossbar: &mut self.crossbar,
+            touched: &mut touched,
+        };
+        let mut work = port.read(pi, &self.translator, &mut voqs, &self.mtu, self.config.burst);
+        let mut left = port.queues.available() > 0;
+        for &o in touched.list.iter() {
+            touched.seen[o as usize] = false;
+            work += self.write_output(o, now);
+            left |= self.crossbar.backlog(o) > 0;
         }
-        if let Some(p) = self.ports[pi as usize].as_mut() {
-            left |= p.queues.available() > 0;
-        }
+        touched.list.clear();
+        self.touched = touched;
         (work, left)
     }
 
@@ -564,7 +626,7 @@ impl Engine {
         q: &mut Q,
         crossbar: &mut X,
         reassembler: &mut Option<Reassembler>,
-        counters: &mut PortCounters,
+        counters: &mut TxCounters,
         o: PortId,
         now: Duration,
     ) -> usize {
@@ -581,8 +643,8 @@ impl Engine {
                 },
                 None => m,
             };
-            counters.tx_msgs += 1;
-            counters.tx_bytes += m.payload().len() as u64;
+            counters.msgs += 1;
+            counters.bytes += m.payload().len() as u64;
             // free() > 0 was checked: the push cannot fail.
             let _ = q.push(m);
         }
