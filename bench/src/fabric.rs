@@ -432,8 +432,8 @@ fn round_trips(path: Path, size: usize, count: u64) -> Result<Latency, BenchErro
             let _ = echo.join();
         }
         Path::Inline => {
-            let mut h = Engine::new(EngineConfig::default())
-                .spawn(RunMode::SpinThenPark { spins: 64 });
+            let mut h =
+                Engine::new(EngineConfig::default()).spawn(RunMode::SpinThenPark { spins: 64 });
             let (a, mut app) = h.attach_inline(PortSpec::app("app")).map_err(plane)?;
             let (b, echo) = h.attach_inline(PortSpec::app("echo")).map_err(plane)?;
             wire_echo(&mut h, a, b)?;
@@ -502,9 +502,8 @@ pub fn run_overhead(size: usize, count: u64) -> Result<Value, BenchError> {
         inline.merge(&round_trips(Path::Inline, size, count / 2)?);
         thread.merge(&round_trips(Path::EngineThread, size, count / 2)?);
     }
-    let added = |with: &Latency, q: f64| {
-        (with.quantile(q) as f64 - without.quantile(q) as f64) / 2.0
-    };
+    let added =
+        |with: &Latency, q: f64| (with.quantile(q) as f64 - without.quantile(q) as f64) / 2.0;
     Ok(json!({
         "added_ns": { "p50": added(&inline, 0.5), "p99": added(&inline, 0.99) },
         "added_through_engine_thread_ns": { "p50": added(&thread, 0.5), "p99": added(&thread, 0.99) },

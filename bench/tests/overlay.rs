@@ -48,7 +48,10 @@ fn overhead_json_has_every_documented_key() {
     number(&v, "results.added_through_engine_thread_ns.p50");
     number(&v, "results.added_through_engine_thread_ns.p99");
     assert_eq!(count(&v, "results.rtt_inline_ns.count"), 2000);
-    assert_eq!(count(&v, "results.rtt_through_engine_thread_ns.count"), 2000);
+    assert_eq!(
+        count(&v, "results.rtt_through_engine_thread_ns.count"),
+        2000
+    );
 }
 
 #[test]

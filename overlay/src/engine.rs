@@ -592,7 +592,13 @@ impl Engine {
             crossbar: &mut self.crossbar,
             touched: &mut touched,
         };
-        let mut work = port.read(pi, &self.translator, &mut voqs, &self.mtu, self.config.burst);
+        let mut work = port.read(
+            pi,
+            &self.translator,
+            &mut voqs,
+            &self.mtu,
+            self.config.burst,
+        );
         let mut left = port.queues.available() > 0;
         for &o in touched.list.iter() {
             touched.seen[o as usize] = false;

@@ -161,7 +161,10 @@ fn hotspot(busy: bool) {
     assert!(stalls > 0, "tiny queues must have pushed back");
     drop(sink);
     drop(_links);
-    assert!(e.stop().is_some(), "the engine comes back once no link holds it");
+    assert!(
+        e.stop().is_some(),
+        "the engine comes back once no link holds it"
+    );
 }
 
 #[test]

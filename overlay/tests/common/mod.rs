@@ -146,4 +146,3 @@ pub fn exchange<L: Link>(
     }
     got
 }
-
