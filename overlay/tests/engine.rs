@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,7 +10,7 @@ use common::{flush, msg, try_recv, try_send, uid};
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::{MsgFlags, ReqType, Status};
-use uniplane_dataplane::{Message, Uid};
+use uniplane_dataplane::Message;
 use uniplane_overlay::acl::{AclRule, ConnKey};
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{Engine, EngineConfig, ForwardingPlane, PortId, PortSpec, RunMode};
@@ -48,7 +47,7 @@ fn a_million_messages_through_a_16_to_1_hotspot_with_tiny_queues_lose_nothing_an
     let (mut e, mut links) = engine_with_apps(17, config);
     const PER_SOURCE: u32 = 62_500;
     let mut next = [0u32; 16];
-    let mut last: HashMap<Uid, u32> = HashMap::new();
+    let mut order = common::FlowOrder::default();
     let mut received = 0u64;
     let mut steps = 0u64;
     while received < 16 * PER_SOURCE as u64 {
@@ -65,14 +64,7 @@ fn a_million_messages_through_a_16_to_1_hotspot_with_tiny_queues_lose_nothing_an
         e.step(Duration::from_nanos(steps));
         steps += 1;
         while let Some(m) = try_recv(&mut links[16]) {
-            let h = m.header();
-            let prev = last.insert(h.src, h.seqnum);
-            assert_eq!(
-                prev.map_or(0, |p| p + 1),
-                h.seqnum,
-                "flow {} reordered or lost",
-                h.src
-            );
+            order.check(&m);
             received += 1;
         }
         assert!(steps < 10_000_000, "no progress");

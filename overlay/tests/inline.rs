@@ -6,12 +6,11 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{exchange, msg, rules, sender, try_recv};
+use common::{exchange, msg, receive_in_order, rules, sender, try_recv};
 use proptest::prelude::*;
-use uniplane_dataplane::{Message, Uid};
+use uniplane_dataplane::Message;
 use uniplane_overlay::{
     spawn_sharded, Engine, EngineConfig, EngineHandle, ForwardingPlane, InlineLink, PlaneError,
     PortSpec, RunMode, ShardConfig,
@@ -131,26 +130,7 @@ fn hotspot(busy: bool) {
         .enumerate()
         .map(|(s, link)| sender(link, s as u16 + 1, 9, PER_SOURCE, 8, DEADLINE))
         .collect();
-    let mut last: HashMap<Uid, u32> = HashMap::new();
-    let mut received = 0u64;
-    let start = Instant::now();
-    while received < 8 * PER_SOURCE as u64 {
-        assert!(start.elapsed() < DEADLINE, "{received} received");
-        match try_recv(&mut sink) {
-            Some(m) => {
-                let h = m.header();
-                let prev = last.insert(h.src, h.seqnum);
-                assert_eq!(
-                    prev.map_or(0, |p| p + 1),
-                    h.seqnum,
-                    "flow {} reordered or lost",
-                    h.src
-                );
-                received += 1;
-            }
-            None => std::thread::yield_now(),
-        }
-    }
+    receive_in_order(&mut sink, 8 * PER_SOURCE as u64, DEADLINE);
     assert!(try_recv(&mut sink).is_none(), "nothing delivered twice");
     let _links: Vec<InlineLink> = senders.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(e.counters(8).unwrap().tx_msgs, 8 * PER_SOURCE as u64);

@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{exchange, flush, msg, rules, sender, try_recv, try_send};
+use common::{exchange, flush, msg, receive_in_order, rules, sender, try_recv, try_send};
 use proptest::prelude::*;
 use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::Policy;
@@ -115,26 +115,7 @@ fn a_hotspot_across_four_shards_with_tiny_queues_loses_nothing_and_keeps_flow_or
         .enumerate()
         .map(|(s, link)| sender(link, s as u16 + 1, 9, PER_SOURCE, 8, DEADLINE))
         .collect();
-    let mut last: HashMap<Uid, u32> = HashMap::new();
-    let mut received = 0u64;
-    let start = Instant::now();
-    while received < 8 * PER_SOURCE as u64 {
-        assert!(start.elapsed() < DEADLINE, "{received} received");
-        match try_recv(&mut sink) {
-            Some(m) => {
-                let h = m.header();
-                let prev = last.insert(h.src, h.seqnum);
-                assert_eq!(
-                    prev.map_or(0, |p| p + 1),
-                    h.seqnum,
-                    "flow {} reordered or lost",
-                    h.src
-                );
-                received += 1;
-            }
-            None => std::thread::yield_now(),
-        }
-    }
+    receive_in_order(&mut sink, 8 * PER_SOURCE as u64, DEADLINE);
     let _links: Vec<RingLink> = senders.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(e.counters(8).unwrap().tx_msgs, 8 * PER_SOURCE as u64);
     let stalls: u64 = (0..8).map(|p| e.counters(p).unwrap().input_stalls).sum();

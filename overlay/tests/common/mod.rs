@@ -146,3 +146,39 @@ pub fn exchange<L: Link>(
     }
     got
 }
+
+/// Checks that each source's sequence numbers arrive as 0, 1, 2, … (no
+/// loss, duplicate or reordering within a flow).
+#[derive(Default)]
+pub struct FlowOrder(std::collections::HashMap<Uid, u32>);
+
+impl FlowOrder {
+    pub fn check(&mut self, m: &Message) {
+        let h = m.header();
+        let prev = self.0.insert(h.src, h.seqnum);
+        assert_eq!(
+            prev.map_or(0, |p| p + 1),
+            h.seqnum,
+            "flow {} reordered or lost",
+            h.src
+        );
+    }
+}
+
+/// Receives `expect` messages on `sink`, each flow in order, failing past
+/// `deadline`.
+pub fn receive_in_order<L: Link>(sink: &mut L, expect: u64, deadline: std::time::Duration) {
+    let mut order = FlowOrder::default();
+    let mut received = 0u64;
+    let start = Instant::now();
+    while received < expect {
+        assert!(start.elapsed() < deadline, "{received} received");
+        match try_recv(sink) {
+            Some(m) => {
+                order.check(&m);
+                received += 1;
+            }
+            None => std::thread::yield_now(),
+        }
+    }
+}
