@@ -145,39 +145,35 @@ impl Inline {
 
     /// A sender's pass for input `pi` after it published a burst.
     fn forward(&self, pi: PortId) {
-        let mut e = match self.try_take() {
-            Some(e) => e,
+        let (mut e, whole) = match self.try_take() {
+            Some(e) => (e, false),
             None => {
                 self.missed.store(true, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
                 // The holder may have let go before our flag: then it is
                 // ours to do (a whole pass, as the flag asks).
-                let Some(mut e) = self.try_take() else {
+                let Some(e) = self.try_take() else {
                     return;
                 };
-                if self.missed.swap(false, Ordering::SeqCst) {
-                    let now = self.now();
-                    let (_, left) = e.step_data(now);
-                    drop(e);
-                    if left {
-                        self.wake_engine();
-                    }
-                    self.after_release();
-                    return;
-                }
-                e
+                let whole = self.missed.swap(false, Ordering::SeqCst);
+                (e, whole)
             }
         };
         let now = self.now();
-        let mut left = true;
-        // A burst a pass: a sender that published more takes a few.
-        for _ in 0..MAX_ROUNDS {
-            let (moved, l) = e.step_from(pi, now);
-            left = l;
-            if !left || moved == 0 {
-                break;
+        let left = if whole {
+            e.step_data(now).1
+        } else {
+            // A burst a pass: a sender that published more takes a few.
+            let mut left = true;
+            for _ in 0..MAX_ROUNDS {
+                let (moved, l) = e.step_from(pi, now);
+                left = l;
+                if !left || moved == 0 {
+                    break;
+                }
             }
-        }
+            left
+        };
         drop(e);
         if left {
             self.wake_engine();
