@@ -43,6 +43,15 @@ async fn etcd_on_loopback(dir: &Path) -> EtcdCluster {
     etcd
 }
 
+/// The etcd endpoints as the items of a TOML array of strings.
+fn toml_strings(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn config(
     me: &str,
     name: &str,
@@ -52,11 +61,7 @@ fn config(
     secret: &Path,
     etcd: &[String],
 ) -> String {
-    let endpoints = etcd
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let endpoints = toml_strings(etcd);
     format!(
         "[server]\nid = \"{me}\"\nname = \"{name}\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
          [[stacks]]\nname = \"tcp\"\nlisten = \"127.0.0.1:{}\"\n\n\
@@ -568,11 +573,7 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
 
 /// Server `me`'s file with no peers: they come from the directory.
 fn discovering(me: &str, name: &str, ports: (u16, u16), secret: &Path, etcd: &[String]) -> String {
-    let endpoints = etcd
-        .iter()
-        .map(|e| format!("\"{e}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let endpoints = toml_strings(etcd);
     format!(
         "[server]\nid = \"{me}\"\nname = \"{name}\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
          [[stacks]]\nname = \"tcp\"\nlisten = \"127.0.0.1:{}\"\n\n\
@@ -685,12 +686,7 @@ async fn with_etcd_authentication_the_password_file_lets_a_daemon_in_and_a_wrong
     admin.user_grant_role("root", "root").await.unwrap();
     admin.auth_enable().await.unwrap();
     let registry = |file: &Path| {
-        let endpoints = etcd
-            .clients
-            .iter()
-            .map(|e| format!("\"{e}\""))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let endpoints = toml_strings(&etcd.clients);
         format!(
             "[server]\nid = \"10.43.0.1\"\nname = \"alpha\"\npeer_listen = \"127.0.0.1:{}\"\n\n\
              [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = 1\n\n\

@@ -186,39 +186,30 @@ impl Roster {
         if server == self.me {
             return;
         }
+        let full = self.known.len() >= self.max;
         match self.known.get_mut(&server) {
             Some(k) if k.record.same_place(&record) => {
                 k.leaving_at = None;
                 k.record = record;
+                return;
             }
-            Some(_) => {
-                self.actions.push_back(RosterAction::Leave(server));
-                self.actions
-                    .push_back(RosterAction::Join(server, record.clone()));
-                self.known.insert(
-                    server,
-                    Known {
-                        record,
-                        leaving_at: None,
-                    },
-                );
+            // Somewhere else now: the old peer goes, the new one comes.
+            Some(_) => self.actions.push_back(RosterAction::Leave(server)),
+            None if full => {
+                tracing::warn!(%server, max = self.max, "directory: server not taken as a peer: too many");
+                return;
             }
-            None => {
-                if self.known.len() >= self.max {
-                    tracing::warn!(%server, max = self.max, "directory: server not taken as a peer: too many");
-                    return;
-                }
-                self.actions
-                    .push_back(RosterAction::Join(server, record.clone()));
-                self.known.insert(
-                    server,
-                    Known {
-                        record,
-                        leaving_at: None,
-                    },
-                );
-            }
+            None => {}
         }
+        self.actions
+            .push_back(RosterAction::Join(server, record.clone()));
+        self.known.insert(
+            server,
+            Known {
+                record,
+                leaving_at: None,
+            },
+        );
     }
 
     fn delete(&mut self, server: Ipv4Addr) {

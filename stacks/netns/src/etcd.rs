@@ -20,13 +20,10 @@ pub fn require(test: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !found {
-        if std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_some_and(|v| v == "1") {
-            panic!("{test} needs etcd (apt-get install etcd-server; UNIPLANE_REQUIRE_TOOLS=1)");
-        }
-        eprintln!("{test}: skipped, needs etcd (scripts/test.sh installs it)");
-    }
-    found
+    crate::require_tool(
+        test,
+        (!found).then_some("etcd (apt-get install etcd-server)"),
+    )
 }
 
 /// The members of one etcd cluster.

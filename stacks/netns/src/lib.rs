@@ -123,16 +123,22 @@ pub fn require(test: &str, need_nft: bool) -> bool {
     } else {
         None
     };
-    match missing {
-        None => true,
-        Some(what) => {
-            if std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_some_and(|v| v == "1") {
-                panic!("{test} needs {what} (UNIPLANE_REQUIRE_TOOLS=1)");
-            }
-            eprintln!("{test}: skipped, needs {what} (scripts/test.sh installs it)");
-            false
-        }
+    require_tool(test, missing)
+}
+
+/// What every "needs a system tool" check does: `true` when nothing is
+/// `missing`; otherwise prints a skip note naming what is missing and
+/// returns `false`, or panics when `UNIPLANE_REQUIRE_TOOLS=1` (CI, where
+/// a test that skips would hide a missing install step).
+pub fn require_tool(test: &str, missing: Option<&str>) -> bool {
+    let Some(what) = missing else {
+        return true;
+    };
+    if std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_some_and(|v| v == "1") {
+        panic!("{test} needs {what} (UNIPLANE_REQUIRE_TOOLS=1)");
     }
+    eprintln!("{test}: skipped, needs {what} (scripts/test.sh installs it)");
+    false
 }
 
 fn pid_alive(pid: u32) -> bool {
