@@ -549,18 +549,19 @@ async fn with_etcd_partitioned_away_a_transfer_loses_nothing_and_the_claims_conv
     assert!(peers_alive(&ca).await && peers_alive(&cb).await);
 
     pair.a.ip(&["link", "set", &pair.iface_a, "up"]).unwrap();
-    let va = until(&dirs[0], "claims held again", |v| {
-        all_held(v) && v["servers"].as_array().is_some_and(|s| s.len() == 2)
+    // The receiver's daemon holds "sink" again; the other sees it in the
+    // directory once, never twice.
+    until(&dirs[1], "claims held again", all_held).await;
+    let sinks = |v: &Value| {
+        v["names"]
+            .as_array()
+            .map_or(0, |n| n.iter().filter(|n| n["name"] == "sink").count())
+    };
+    let va = until(&dirs[0], "claims held again, sink listed", |v| {
+        all_held(v) && v["servers"].as_array().is_some_and(|s| s.len() == 2) && sinks(v) > 0
     })
     .await;
-    until(&dirs[1], "claims held again", all_held).await;
-    let sinks = va["names"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["name"] == "sink")
-        .count();
-    assert_eq!(sinks, 1);
+    assert_eq!(sinks(&va), 1, "{va}");
     sender.register("late").await.unwrap();
 
     let (sent, received, gaps) = transfer.finish().await;
