@@ -6,14 +6,17 @@
 // shared by the input's queues. A busy output never blocks an input's
 // traffic to another one, and one output's backlog may take the whole
 // pool while the input's other queues are empty (POOL = 0 is a FIFO of
-// DEPTH beats per queue). Each output
-// has an up_arb_mux that takes whole messages from the heads of its N
-// queues as its scheduler decides (the policy of each output is set
-// through its port's register page); every output reads its own queue of
-// every input, so the outputs never wait on each other and each decides
-// exactly as the engine's scheduler does. Lossless: a queue that can take
-// no more beats only lowers the input's ready. Every port moves one beat
-// per cycle.
+// DEPTH beats per queue).
+//
+// Each output has an up_arb_mux that takes whole messages from the heads
+// of its N queues as its scheduler decides (the policy of each output is
+// set through its port's register page). Every output reads its own queue
+// of every input (the buffer has a read port per output), so no output
+// waits for another to release an input, no matching between inputs and
+// outputs is needed, and each output's scheduler sees the whole backlog
+// and decides exactly as the engine's does. Lossless: a queue that can
+// take no more beats only lowers the input's ready. Every port moves one
+// beat per cycle.
 //
 // s_tdest selects the output of the beats on input i; s_tlen carries the
 // message's length in bytes on its first beat.

@@ -1,22 +1,27 @@
 // uniplane: one input's virtual output queues in one shared buffer.
 //
 // The buffer holds N*RES + POOL beats of all N queues of an input: each
-// queue is a linked list of beats through `next`, and a beat takes
-// whichever slot is free. Each queue may always hold RES beats (its
-// reserve, what a FIFO per queue would hold) and beyond that takes beats
-// from the pool shared by all queues, so one output's backlog may use the
-// whole pool while the others keep their reserve. s_ready is low only when
-// the beat's queue has used its reserve and the pool is full (lossless: a
-// full queue holds the input, nothing is dropped; POOL = 0 is a FIFO of
-// RES beats per queue); each queue keeps its beats in arrival order.
+// queue is a linked list of beats, and a beat takes whichever slot is
+// free. Each queue may always hold RES beats (its reserve, what a FIFO per
+// queue would hold) and beyond that takes beats from the pool shared by
+// all queues, so one output's backlog may use the whole pool while the
+// others keep their reserve. s_ready is low only when the beat's queue has
+// used its reserve and the pool is full (lossless: a full queue holds the
+// input, nothing is dropped; POOL = 0 is a FIFO of RES beats per queue);
+// each queue keeps its beats in arrival order.
+//
+// A slot stores the beat and the link to the next slot of its queue, in
+// one word of one memory with one write port: each queue owns one spare
+// slot where its next beat will go, so a beat is written together with
+// its link, the slot allocated as the queue's new spare (N more slots
+// than beats). A queue is empty when its head is its spare.
 //
 // Every queue is a first-word-fall-through stream: its head beat is on
 // m_data[q] while m_valid[q] is high, and the N queues may be read in the
 // same cycle (one read port per output, as the outputs' arbiters pull
-// independently; the write port is the input's). A beat written in one
-// cycle is readable in the next, as in up_fifo. Free slots are a list:
-// slots never used yet, then those freed (up to N a cycle), first freed
-// first reused.
+// independently). A beat written in one cycle is readable in the next, as
+// in up_fifo. The lowest free slot is allocated; a slot read is free the
+// next cycle.
 `resetall
 `timescale 1ns / 1ps
 `default_nettype none
@@ -43,53 +48,70 @@ module up_voq_buf #(
     output wire [$clog2(N*RES+POOL):0] count
 );
 
-localparam DEPTH = N * RES + POOL;
-localparam AW = $clog2(DEPTH);
-localparam CW = AW + 1;
+localparam IW = $clog2(N);
+localparam BEATS = N * RES + POOL;
+localparam SLOTS = BEATS + N;            // a spare per queue
+localparam AW = $clog2(SLOTS);
+localparam CW = $clog2(BEATS) + 1;
 localparam integer RES_I = RES;
 localparam integer POOL_I = POOL;
-localparam integer DEPTH_I = DEPTH;
 localparam [CW-1:0] RES_C = RES_I[CW-1:0];
 localparam [CW-1:0] POOL_C = POOL_I[CW-1:0];
-localparam [CW-1:0] DEPTH_C = DEPTH_I[CW-1:0];
 
 initial begin
-    if (RES < 1 || POOL < 0 || DEPTH < 2) begin
-        $error("up_voq_buf: RES must be >= 1, POOL >= 0, N*RES+POOL >= 2");
+    if (RES < 1 || POOL < 0) begin
+        $error("up_voq_buf: RES must be >= 1 and POOL >= 0");
         $finish;
     end
 end
 
-reg [W-1:0]  buf_mem [0:DEPTH-1];
-reg [AW-1:0] next_mem [0:DEPTH-1];
-reg [AW-1:0] free_mem [0:DEPTH-1];   // freed slots, a ring
-reg [CW-1:0] fresh_reg = {CW{1'b0}}; // slots fresh_reg.. never used yet
-reg [AW-1:0] free_rd_reg = {AW{1'b0}};
-reg [AW-1:0] free_wr_reg = {AW{1'b0}};
-reg [CW-1:0] free_cnt_reg = {CW{1'b0}};
-reg [CW-1:0] held_reg = {CW{1'b0}};
-reg [AW-1:0] head_reg [0:N-1];
-reg [AW-1:0] tail_reg [0:N-1];
-reg [CW-1:0] cnt_reg [0:N-1];
+reg [W+AW-1:0] buf_mem [0:SLOTS-1];       // {link, beat}
+reg [SLOTS-1:0] used_reg = {{(SLOTS-N){1'b0}}, {N{1'b1}}};
+reg [CW-1:0]    held_reg = {CW{1'b0}};
+reg [AW-1:0]    head_reg [0:N-1];
+reg [AW-1:0]    spare_reg [0:N-1];
+reg [CW-1:0]    cnt_reg [0:N-1];
 
 integer k;
 initial begin
     for (k = 0; k < N; k = k + 1) begin
-        head_reg[k] = {AW{1'b0}};
-        tail_reg[k] = {AW{1'b0}};
+        head_reg[k] = k[AW-1:0];
+        spare_reg[k] = k[AW-1:0];
         cnt_reg[k] = {CW{1'b0}};
     end
 end
 
-// The ring index `a + b`, modulo DEPTH.
-function [AW-1:0] ring_add;
-    input [AW-1:0] a;
-    input [CW-1:0] b;
-    reg [CW:0] t;
+// The lowest clear bit of `used` (there is one whenever a beat is taken):
+// first the lowest 32-slot group with a clear bit, then the bit in it.
+localparam GROUPS = (SLOTS + 31) / 32;
+function [AW-1:0] first_free;
+    input [SLOTS-1:0] used;
+    reg [GROUPS*32-1:0] u;
+    reg [31:0] word;
+    reg found;
+    integer gi, bi;
+    /* verilator lint_off UNUSEDSIGNAL */
+    integer base;
+    /* verilator lint_on UNUSEDSIGNAL */
     begin
-        t = {1'b0, {1'b0, a} + b};
-        if (t >= {1'b0, DEPTH_C}) t = t - {1'b0, DEPTH_C};
-        ring_add = t[AW-1:0];
+        u = {{(GROUPS*32-SLOTS){1'b1}}, used};
+        found = 1'b0;
+        base = 0;
+        for (gi = 0; gi < GROUPS; gi = gi + 1) begin
+            if (!found && !(&u[gi*32 +: 32])) begin
+                found = 1'b1;
+                base = gi * 32;
+            end
+        end
+        word = u[base +: 32];
+        found = 1'b0;
+        first_free = {AW{1'b0}};
+        for (bi = 0; bi < 32; bi = bi + 1) begin
+            if (!found && !word[bi]) begin
+                found = 1'b1;
+                first_free = bi[AW-1:0] + base[AW-1:0];
+            end
+        end
     end
 endfunction
 
@@ -103,8 +125,7 @@ always @* begin
     end
 end
 
-wire [CW-1:0] dest_cnt = cnt_reg[s_dest];
-wire          pool_room;
+wire pool_room;
 generate
     if (POOL > 0) begin : pool_gen
         assign pool_room = pooled < POOL_C;
@@ -113,73 +134,64 @@ generate
         wire unused_ok = &{1'b0, pooled};
     end
 endgenerate
-assign s_ready = dest_cnt < RES_C || pool_room;
+
+assign s_ready = cnt_reg[s_dest] < RES_C || pool_room;
 assign count   = held_reg;
 
 wire          wr = s_valid && s_ready;
-wire          from_free = free_cnt_reg != {CW{1'b0}};
-wire [AW-1:0] slot = from_free ? free_mem[free_rd_reg] : fresh_reg[AW-1:0];
+wire [AW-1:0] slot = first_free(used_reg);
+wire [N-1:0]  rd = m_valid & m_ready;
 
-wire [N-1:0] rd = m_valid & m_ready;
-
-genvar g;
-generate
-    for (g = 0; g < N; g = g + 1) begin : out_gen
-        assign m_valid[g] = cnt_reg[g] != {CW{1'b0}};
-        assign m_data[g*W +: W] = buf_mem[head_reg[g]];
-    end
-endgenerate
-
-// Freed slots join the free ring in queue order: queue q's at the ring
-// position after those of the queues below it read in the same cycle.
-reg [CW-1:0]   n_rd;
-reg [N*AW-1:0] free_at;
+// Slots read this cycle (free from the next), and how many.
+reg [SLOTS-1:0] freed;
+reg [CW-1:0]    n_rd;
 integer f;
 always @* begin
+    freed = {SLOTS{1'b0}};
     n_rd = {CW{1'b0}};
-    free_at = {N*AW{1'b0}};
     for (f = 0; f < N; f = f + 1) begin
-        free_at[f*AW +: AW] = ring_add(free_wr_reg, n_rd);
-        if (rd[f]) n_rd = n_rd + 1'b1;
+        if (rd[f]) begin
+            freed[head_reg[f]] = 1'b1;
+            n_rd = n_rd + 1'b1;
+        end
     end
 end
 
+// Each queue's head word: the beat, and the link to the slot after it.
+wire [N*AW-1:0] link;
+genvar g;
+generate
+    for (g = 0; g < N; g = g + 1) begin : out_gen
+        wire [W+AW-1:0] word = buf_mem[head_reg[g]];
+        assign m_valid[g] = cnt_reg[g] != {CW{1'b0}};
+        assign m_data[g*W +: W] = word[W-1:0];
+        assign link[g*AW +: AW] = word[W +: AW];
+    end
+endgenerate
+
+wire [SLOTS-1:0] taken = wr ? ({{(SLOTS-1){1'b0}}, 1'b1} << slot) : {SLOTS{1'b0}};
+
 always @(posedge clk) begin
     for (k = 0; k < N; k = k + 1) begin
-        // Reads: the head moves along its list (when the queue empties the
-        // head is rewritten by the next write below), the slot is freed.
         if (rd[k]) begin
-            head_reg[k] <= next_mem[head_reg[k]];
-            free_mem[free_at[k*AW +: AW]] <= head_reg[k];
+            head_reg[k] <= link[k*AW +: AW];
         end
-        cnt_reg[k] <= cnt_reg[k] - {{AW{1'b0}}, rd[k]}
-                      + {{AW{1'b0}}, wr && s_dest == k[$clog2(N)-1:0]};
+        cnt_reg[k] <= cnt_reg[k] - {{(CW-1){1'b0}}, rd[k]}
+                      + {{(CW-1){1'b0}}, wr && s_dest == k[IW-1:0]};
     end
-    free_wr_reg <= ring_add(free_wr_reg, n_rd);
     if (wr) begin
-        buf_mem[slot] <= s_data;
-        tail_reg[s_dest] <= slot;
-        if (dest_cnt == {CW{1'b0}} || (dest_cnt == {{AW{1'b0}}, 1'b1} && rd[s_dest])) begin
-            head_reg[s_dest] <= slot;
-        end else begin
-            next_mem[tail_reg[s_dest]] <= slot;
-        end
-        if (from_free) begin
-            free_rd_reg <= ring_add(free_rd_reg, {{AW{1'b0}}, 1'b1});
-        end else begin
-            fresh_reg <= fresh_reg + 1'b1;
-        end
+        buf_mem[spare_reg[s_dest]] <= {slot, s_data};
+        spare_reg[s_dest] <= slot;
     end
-    free_cnt_reg <= free_cnt_reg + n_rd - {{AW{1'b0}}, wr && from_free};
-    held_reg <= held_reg + {{AW{1'b0}}, wr} - n_rd;
+    used_reg <= (used_reg | taken) & ~freed;
+    held_reg <= held_reg + {{(CW-1){1'b0}}, wr} - n_rd;
 
     if (rst) begin
-        fresh_reg <= {CW{1'b0}};
-        free_rd_reg <= {AW{1'b0}};
-        free_wr_reg <= {AW{1'b0}};
-        free_cnt_reg <= {CW{1'b0}};
+        used_reg <= {{(SLOTS-N){1'b0}}, {N{1'b1}}};
         held_reg <= {CW{1'b0}};
         for (k = 0; k < N; k = k + 1) begin
+            head_reg[k] <= k[AW-1:0];
+            spare_reg[k] <= k[AW-1:0];
             cnt_reg[k] <= {CW{1'b0}};
         end
     end
