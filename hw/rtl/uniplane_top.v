@@ -29,7 +29,8 @@ module uniplane_top #(
     parameter C         = 16,     // access-control connections per port
     parameter R         = 8,      // access-control rules per port
     parameter T         = 16,     // translator entries
-    parameter VOQ_DEPTH = 32,     // beats per virtual output queue
+    parameter VOQ_DEPTH = 32,     // beats each virtual output queue may always hold
+    parameter VOQ_POOL  = 768,    // further beats per input, shared by its N queues
     parameter DF        = 8,      // connector data FIFO (beats)
     parameter M         = 2,      // underlay stacks
     parameter S         = 4,      // underlay filter source patterns
@@ -188,7 +189,7 @@ up_translator #(.N(N), .T(T), .PW(PW)) translator (
 wire [N*IW-1:0] x_src;
 /* verilator lint_on UNUSEDSIGNAL */
 
-up_crossbar #(.N(N), .DEPTH(VOQ_DEPTH), .LW(LW), .WW(WW), .QUANTUM(QUANTUM)) crossbar (
+up_crossbar #(.N(N), .DEPTH(VOQ_DEPTH), .POOL(VOQ_POOL), .LW(LW), .WW(WW), .QUANTUM(QUANTUM)) crossbar (
     .clk(clk), .rst(rst),
     .s_tdata(c_tdata), .s_tvalid(c_tvalid), .s_tready(c_tready),
     .s_tfirst(c_tfirst), .s_tlast(c_tlast), .s_tlen(c_tlen), .s_tdest(c_tdest),
@@ -242,6 +243,7 @@ always @* begin
             12'h034: reg_rd_data = S;
             12'h038: reg_rd_data = D;
             12'h03c: reg_rd_data = DF;
+            12'h040: reg_rd_data = VOQ_POOL;
             default: reg_rd_data = 32'd0;
         endcase
     end else if ({24'd0, rd_page} <= N) begin

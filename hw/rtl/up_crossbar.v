@@ -1,11 +1,22 @@
 // uniplane: an N x N crossbar with virtual output queues.
 //
-// A FIFO per (input, output) pair holds the messages of that input for
-// that output, so a busy output never blocks an input's traffic to
-// another one; each output has an up_arb_mux that takes whole messages
-// from its N queues as its scheduler decides (the policy of each output is
-// set through its port's register page). Lossless: a full queue only
-// lowers the input's ready. Every port moves one beat per cycle.
+// Each input keeps one queue per output (virtual output queues) in one
+// buffer (up_voq_buf) of N*DEPTH + POOL beats: every queue may always
+// hold DEPTH beats, and beyond that takes from a pool of POOL beats
+// shared by the input's queues. A busy output never blocks an input's
+// traffic to another one, and one output's backlog may take the whole
+// pool while the input's other queues are empty (POOL = 0 is a FIFO of
+// DEPTH beats per queue).
+//
+// Each output has an up_arb_mux that takes whole messages from the heads
+// of its N queues as its scheduler decides (the policy of each output is
+// set through its port's register page). Every output reads its own queue
+// of every input (the buffer has a read port per output), so no output
+// waits for another to release an input, no matching between inputs and
+// outputs is needed, and each output's scheduler sees the whole backlog
+// and decides exactly as the engine's does. Lossless: a queue that can
+// take no more beats only lowers the input's ready. Every port moves one
+// beat per cycle.
 //
 // s_tdest selects the output of the beats on input i; s_tlen carries the
 // message's length in bytes on its first beat.
@@ -15,7 +26,8 @@
 
 module up_crossbar #(
     parameter N       = 4,
-    parameter DEPTH   = 32,    // beats per virtual output queue
+    parameter DEPTH   = 32,    // beats each virtual output queue may always hold
+    parameter POOL    = 768,   // further beats per input, shared by its N queues
     parameter LW      = 17,
     parameter WW      = 32,
     parameter QUANTUM = 1536
@@ -52,28 +64,24 @@ localparam QW = 256 + LW + 2;
 wire [N*N*QW-1:0] q_data;
 wire [N*N-1:0]    q_valid;
 wire [N*N-1:0]    q_ready;
-wire [N*N-1:0]    q_in_ready;
 
 genvar i, o;
 generate
     for (i = 0; i < N; i = i + 1) begin : in_gen
-        wire [IW-1:0] dest = s_tdest[i*IW +: IW];
-        assign s_tready[i] = q_in_ready[i*N + {{(32-IW){1'b0}}, dest}];
-        for (o = 0; o < N; o = o + 1) begin : voq_gen
-            /* verilator lint_off UNUSEDSIGNAL */
-            wire [$clog2(DEPTH):0] count;
-            /* verilator lint_on UNUSEDSIGNAL */
-            up_fifo #(.W(QW), .DEPTH(DEPTH)) voq (
-                .clk(clk), .rst(rst),
-                .s_data({s_tlen[i*LW +: LW], s_tfirst[i], s_tlast[i], s_tdata[i*256 +: 256]}),
-                .s_valid(s_tvalid[i] && dest == o),
-                .s_ready(q_in_ready[i*N + o]),
-                .m_data(q_data[(i*N + o)*QW +: QW]),
-                .m_valid(q_valid[i*N + o]),
-                .m_ready(q_ready[i*N + o]),
-                .count(count)
-            );
-        end
+        /* verilator lint_off UNUSEDSIGNAL */
+        wire [$clog2(N*DEPTH+POOL):0] count;
+        /* verilator lint_on UNUSEDSIGNAL */
+        up_voq_buf #(.N(N), .W(QW), .RES(DEPTH), .POOL(POOL)) voqs (
+            .clk(clk), .rst(rst),
+            .s_data({s_tlen[i*LW +: LW], s_tfirst[i], s_tlast[i], s_tdata[i*256 +: 256]}),
+            .s_dest(s_tdest[i*IW +: IW]),
+            .s_valid(s_tvalid[i]),
+            .s_ready(s_tready[i]),
+            .m_data(q_data[i*N*QW +: N*QW]),
+            .m_valid(q_valid[i*N +: N]),
+            .m_ready(q_ready[i*N +: N]),
+            .count(count)
+        );
     end
 
     for (o = 0; o < N; o = o + 1) begin : out_gen

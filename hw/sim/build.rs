@@ -12,8 +12,8 @@ use std::process::Command;
 
 /// The models: shim prefix, parameter overrides.
 const MODELS: &[(&str, &[&str])] = &[
-    ("up_n4", &["-GN=4", "-GVOQ_DEPTH=64"]),
-    ("up_n8", &["-GN=8", "-GVOQ_DEPTH=32"]),
+    ("up_n4", &["-GN=4", "-GVOQ_DEPTH=64", "-GVOQ_POOL=768"]),
+    ("up_n8", &["-GN=8", "-GVOQ_DEPTH=32", "-GVOQ_POOL=768"]),
 ];
 
 fn verilator_root() -> PathBuf {

@@ -64,3 +64,8 @@ def test_filter():
 @pytest.mark.parametrize("m", [2, 3])
 def test_demux(m):
     run("up_demux", "tb_demux", {"M": m, "D": 4}, ["up_demux.v", "up_skid.v"])
+
+
+@pytest.mark.parametrize("n,res,pool", [(2, 1, 0), (2, 2, 3), (4, 2, 8), (4, 8, 40), (8, 4, 32)])
+def test_voq_buf(n, res, pool):
+    run("up_voq_buf", "tb_voq_buf", {"N": n, "W": 32, "RES": res, "POOL": pool}, ["up_voq_buf.v"])

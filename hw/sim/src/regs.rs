@@ -51,8 +51,12 @@ pub mod id {
     pub const BEAT_BITS: u32 = 0x028;
     /// FNV-1a digest of the header field table (`uniplane_hw_gen::layout_hash`).
     pub const LAYOUT_HASH: u32 = 0x02c;
-    /// Beats per virtual output queue.
+    /// Beats each virtual output queue may always hold (its reserve in its
+    /// input's buffer).
     pub const VOQ_DEPTH: u32 = 0x030;
+    /// Beats of each input's buffer shared by its virtual output queues
+    /// beyond their reserves.
+    pub const VOQ_POOL: u32 = 0x040;
 }
 
 /// A port block.

@@ -21,12 +21,19 @@ impl Model {
         }
     }
 
-    /// Beats each virtual output queue of this model holds.
+    /// Beats each virtual output queue of this model may always hold; the
+    /// queues of an input share [`Model::voq_pool`] beats more.
     pub fn voq_depth(self) -> usize {
         match self {
             Model::N4 => 64,
             Model::N8 => 32,
         }
+    }
+
+    /// Beats of each input's buffer that its virtual output queues share
+    /// beyond their reserves.
+    pub fn voq_pool(self) -> usize {
+        768
     }
 }
 

@@ -33,6 +33,7 @@ fn the_id_block_reports_the_build_parameters_and_the_header_layout() {
     assert_eq!(dev.read(regs::id::QUANTUM).unwrap(), 1536);
     assert_eq!(dev.read(regs::id::BEAT_BITS).unwrap(), 256);
     assert_eq!(dev.read(regs::id::VOQ_DEPTH).unwrap(), 64);
+    assert_eq!(dev.read(regs::id::VOQ_POOL).unwrap(), 768);
     assert_eq!(
         dev.read(regs::id::LAYOUT_HASH).unwrap(),
         uniplane_hw_gen::layout_hash()
