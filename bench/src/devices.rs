@@ -400,3 +400,169 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
     }
 }
+
+/// What `devices --backend emulated` runs: round trips to an echo kernel
+/// device.
+#[derive(Clone, Debug)]
+pub struct KernelRttConfig {
+    /// Payload bytes per message (at most the largest payload).
+    pub size: usize,
+    /// How the application, the engine and the kernel thread wait.
+    pub wait: crate::path::WaitMode,
+    /// Round trips measured (after as many again to warm up, at most 1000).
+    pub count: usize,
+}
+
+/// Round trips application → daemon → kernel → back, one message in
+/// flight, to an echo kernel device (`kind = "kernel"`, `backend =
+/// "emulated"`) of a daemon in this process; then, in the same run, the
+/// round trip of the PIO mailbox alone between two threads for the same
+/// bytes. The `results` of its report.
+///
+/// ```text
+///  session ──ring──▶ engine ──KernelPort──PIO mailbox / FPGA Connect──▶ kernel thread (echo)
+///          ◀─ring─── (thread) ◀──────────────────────────────────────── answers
+///  mailbox alone:  thread A ──slot──▶ thread B ──slot──▶ thread A
+/// ```
+pub fn run_kernel_rtt(cfg: &KernelRttConfig) -> Result<Value, BenchError> {
+    if cfg.size > Message::MAX_PAYLOAD {
+        return Err(BenchError::Config(format!(
+            "--size: {} bytes; one message carries at most {}",
+            cfg.size,
+            Message::MAX_PAYLOAD
+        )));
+    }
+    let dir = scratch_dir("devices-kernel")?;
+    let result = measure_kernel(cfg, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError> {
+    use crate::hist::LatencyHistogram;
+    use crate::path::WaitMode;
+    let (engine, kernel) = match cfg.wait {
+        WaitMode::Busy => ("busy-poll", "busy"),
+        WaitMode::Park => ("spin-then-park", "park"),
+    };
+    let text = format!(
+        "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n\n\
+         [engine]\nmode = \"{engine}\"\n\n\
+         [[devices]]\nname = \"kernel\"\nkind = \"kernel\"\ndevice = {MEASURED}\n\
+         backend = \"emulated\"\nfunction = \"echo\"\nwait = \"{kernel}\"\n"
+    );
+    let mut config = uniplane_services::Config::parse(&text, "devices")
+        .map_err(|e| BenchError::Config(format!("the daemon's configuration: {e}")))?;
+    config.runtime_dir = Some(dir.to_owned());
+    let threshold = config.devices[0].kernel.map_or(0, |k| k.pio_threshold);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| BenchError::Thread {
+            what: "daemon",
+            source,
+        })?;
+    let (hist, counters) = rt.block_on(async {
+        let (_daemon, client) = uniplane_services::client::embedded(config, dir)
+            .await
+            .map_err(|e| BenchError::Config(format!("the daemon: {e}")))?;
+        let session = crate::path::session(dir, "devices-kernel", cfg.wait).await?;
+        let target = uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, MEASURED).port(7);
+        let mut conn = session.connect(target).await.map_err(client_err)?;
+        let payload = Bytes::from(pattern(cfg.size));
+        let mut hist = LatencyHistogram::new();
+        let warm = cfg.count.min(1000);
+        for i in 0..warm + cfg.count {
+            let t0 = Instant::now();
+            conn.send_bytes(payload.clone()).await.map_err(client_err)?;
+            let back = tokio::time::timeout(
+                Duration::from_secs(5),
+                crate::path::recv(&mut conn, cfg.wait),
+            )
+            .await
+            .map_err(|_| BenchError::Config("the kernel did not answer in 5 s".into()))??;
+            let rtt = t0.elapsed();
+            if back.len() != cfg.size {
+                return Err(BenchError::Config(format!(
+                    "the kernel answered {} bytes to {}",
+                    back.len(),
+                    cfg.size
+                )));
+            }
+            if i >= warm {
+                hist.record(rtt.as_nanos() as u64);
+            }
+        }
+        let status = client
+            .request(&uniplane_services::control::Request::Status)
+            .await
+            .map_err(client_err)?;
+        drop(conn);
+        Ok::<_, BenchError>((hist, status["devices"][0].clone()))
+    })?;
+    let mailbox = mailbox_rtt(cfg, threshold)?;
+    Ok(json!({
+        "backend": "emulated",
+        "function": "echo",
+        "size": cfg.size,
+        "wait": cfg.wait.name(),
+        "pio_threshold": threshold,
+        "path": if cfg.size <= threshold { "pio" } else { "connect" },
+        "round_trips": cfg.count,
+        "rtt_ns": hist.percentiles(),
+        "mailbox_rtt_ns": mailbox.percentiles(),
+        "device_counters": counters,
+    }))
+}
+
+/// Round trips of `cfg.size` bytes through a PIO mailbox alone, between
+/// this thread and an echoing one, slots as a kernel device of
+/// `threshold` has.
+fn mailbox_rtt(
+    cfg: &KernelRttConfig,
+    threshold: usize,
+) -> Result<crate::hist::LatencyHistogram, BenchError> {
+    use uniplane_shm::mailbox::{MailboxRegion, Side, WaitPolicy};
+    let fail = |e: &dyn std::fmt::Display| BenchError::Config(format!("mailbox: {e}"));
+    let policy = match cfg.wait {
+        crate::path::WaitMode::Busy => WaitPolicy::BusyPoll,
+        crate::path::WaitMode::Park => WaitPolicy::default(),
+    };
+    let slot = (threshold + 20).div_ceil(128) * 128;
+    let region = MailboxRegion::create(1, slot).map_err(|e| fail(&e))?;
+    let (mut tx, mut rx) = region
+        .endpoint(0, Side::A, policy)
+        .ok_or_else(|| fail(&"no endpoint"))?;
+    let (mut echo_tx, mut echo_rx) = region
+        .endpoint(0, Side::B, policy)
+        .ok_or_else(|| fail(&"no endpoint"))?;
+    let total = cfg.count + cfg.count.min(1000);
+    let echo = std::thread::Builder::new()
+        .name("mailbox-echo".into())
+        .spawn(move || {
+            let mut buf = Vec::new();
+            for _ in 0..total {
+                if echo_rx.recv(&mut buf).is_err() || echo_tx.send(&buf).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|source| BenchError::Thread {
+            what: "mailbox echo",
+            source,
+        })?;
+    let payload = pattern(cfg.size);
+    let mut back = Vec::new();
+    let mut hist = crate::hist::LatencyHistogram::new();
+    for i in 0..total {
+        let t0 = Instant::now();
+        tx.send(&payload).map_err(|e| fail(&e))?;
+        rx.recv(&mut back).map_err(|e| fail(&e))?;
+        if i >= total - cfg.count {
+            hist.record(t0.elapsed().as_nanos() as u64);
+        }
+    }
+    let _ = echo.join();
+    Ok(hist)
+}
