@@ -82,6 +82,8 @@ const SWEEP_BYTES: usize = 64 << 20;
 const MEASURED: u16 = 2;
 const STAGED: u16 = 3;
 const DIRECT: u16 = 4;
+/// An inline echo device beside the kernel device: the path without it.
+const INLINE_ECHO: u16 = 5;
 
 fn daemon_config(cfg: &DevicesConfig, dir: &Path) -> Result<uniplane_services::Config, BenchError> {
     let mut text = String::from("[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n");
@@ -449,7 +451,8 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
         "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n\n\
          [engine]\nmode = \"{engine}\"\n\n\
          [[devices]]\nname = \"kernel\"\nkind = \"kernel\"\ndevice = {MEASURED}\n\
-         backend = \"emulated\"\nfunction = \"echo\"\nwait = \"{kernel}\"\n"
+         backend = \"emulated\"\nfunction = \"echo\"\nwait = \"{kernel}\"\n\n\
+         [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = {INLINE_ECHO}\n"
     );
     let mut config = uniplane_services::Config::parse(&text, "devices")
         .map_err(|e| BenchError::Config(format!("the daemon's configuration: {e}")))?;
@@ -463,44 +466,52 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
             what: "daemon",
             source,
         })?;
-    let (hist, counters) = rt.block_on(async {
+    let (hist, echo_hist, counters) = rt.block_on(async {
         let (_daemon, client) = uniplane_services::client::embedded(config, dir)
             .await
             .map_err(|e| BenchError::Config(format!("the daemon: {e}")))?;
         let session = crate::path::session(dir, "devices-kernel", cfg.wait).await?;
-        let target = uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, MEASURED).port(7);
-        let mut conn = session.connect(target).await.map_err(client_err)?;
         let payload = Bytes::from(pattern(cfg.size));
-        let mut hist = LatencyHistogram::new();
-        let warm = cfg.count.min(1000);
-        for i in 0..warm + cfg.count {
-            let t0 = Instant::now();
-            conn.send_bytes(payload.clone()).await.map_err(client_err)?;
-            let back = tokio::time::timeout(
-                Duration::from_secs(5),
-                crate::path::recv(&mut conn, cfg.wait),
-            )
-            .await
-            .map_err(|_| BenchError::Config("the kernel did not answer in 5 s".into()))??;
-            let rtt = t0.elapsed();
-            if back.len() != cfg.size {
-                return Err(BenchError::Config(format!(
-                    "the kernel answered {} bytes to {}",
-                    back.len(),
-                    cfg.size
-                )));
+        let mut hists = Vec::new();
+        for device in [MEASURED, INLINE_ECHO] {
+            let target =
+                uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, device).port(7);
+            let mut conn = session.connect(target).await.map_err(client_err)?;
+            let mut hist = LatencyHistogram::new();
+            let warm = cfg.count.min(1000);
+            for i in 0..warm + cfg.count {
+                let t0 = Instant::now();
+                conn.send_bytes(payload.clone()).await.map_err(client_err)?;
+                let back = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    crate::path::recv(&mut conn, cfg.wait),
+                )
+                .await
+                .map_err(|_| BenchError::Config("the device did not answer in 5 s".into()))??;
+                let rtt = t0.elapsed();
+                if back.len() != cfg.size {
+                    return Err(BenchError::Config(format!(
+                        "the device answered {} bytes to {}",
+                        back.len(),
+                        cfg.size
+                    )));
+                }
+                if i >= warm {
+                    hist.record(rtt.as_nanos() as u64);
+                }
             }
-            if i >= warm {
-                hist.record(rtt.as_nanos() as u64);
-            }
+            hists.push(hist);
         }
+        let echo_hist = hists.pop().unwrap_or_default();
+        let hist = hists.pop().unwrap_or_default();
         let status = client
             .request(&uniplane_services::control::Request::Status)
             .await
             .map_err(client_err)?;
-        drop(conn);
-        Ok::<_, BenchError>((hist, status["devices"][0].clone()))
+        Ok::<_, BenchError>((hist, echo_hist, status["devices"][0].clone()))
     })?;
+    drop(rt);
+    let port = port_rtt(cfg)?;
     let mailbox = mailbox_rtt(cfg, threshold)?;
     Ok(json!({
         "backend": "emulated",
@@ -511,9 +522,67 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
         "path": if cfg.size <= threshold { "pio" } else { "connect" },
         "round_trips": cfg.count,
         "rtt_ns": hist.percentiles(),
+        "inline_echo_rtt_ns": echo_hist.percentiles(),
+        "port_rtt_ns": port.percentiles(),
         "mailbox_rtt_ns": mailbox.percentiles(),
         "device_counters": counters,
     }))
+}
+
+/// Round trips through a kernel device's host end driven directly from
+/// this thread, as the engine drives it (push, flush, pop): the emulated
+/// path and the kernel thread without the engine and the client library.
+fn port_rtt(cfg: &KernelRttConfig) -> Result<crate::hist::LatencyHistogram, BenchError> {
+    use uniplane_dataplane::PortIo;
+    use uniplane_services::config::{KernelDeviceConfig, KernelFunction, KernelWait};
+    let config = KernelDeviceConfig {
+        function: KernelFunction::Echo,
+        pio_threshold: uniplane_services::config::DEFAULT_PIO_THRESHOLD,
+        tokens: uniplane_services::config::DEFAULT_KERNEL_TOKENS,
+        stall_timeout_ms: uniplane_services::config::DEFAULT_STALL_TIMEOUT_MS,
+        wait: match cfg.wait {
+            crate::path::WaitMode::Busy => KernelWait::Busy,
+            crate::path::WaitMode::Park => KernelWait::Park,
+        },
+    };
+    let (mut port, _shared) = uniplane_services::devices::kernel::open("bench", config)
+        .map_err(|e| BenchError::Config(e.to_string()))?;
+    let local = uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, 9);
+    let kernel = uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, MEASURED);
+    let m = Message::send(
+        local.port(5),
+        kernel.port(7),
+        Bytes::from(pattern(cfg.size)),
+    )
+    .map_err(|e| BenchError::Config(e.to_string()))?;
+    let total = cfg.count + cfg.count.min(1000);
+    let mut hist = crate::hist::LatencyHistogram::new();
+    for i in 0..total {
+        let t0 = Instant::now();
+        if port.push(m.clone()).is_err() {
+            return Err(BenchError::Config(
+                "the kernel port refused a message".into(),
+            ));
+        }
+        port.flush();
+        let deadline = t0 + Duration::from_secs(5);
+        loop {
+            if port.pop().is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(BenchError::Config(
+                    "the kernel did not answer in 5 s".into(),
+                ));
+            }
+            port.release();
+            std::hint::spin_loop();
+        }
+        if i >= total - cfg.count {
+            hist.record(t0.elapsed().as_nanos() as u64);
+        }
+    }
+    Ok(hist)
 }
 
 /// Round trips of `cfg.size` bytes through a PIO mailbox alone, between

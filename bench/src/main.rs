@@ -1831,7 +1831,14 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
         max: v["max"].as_u64().unwrap_or(0),
     };
     print_percentiles("kernel", &p(&r["rtt_ns"]));
+    print_percentiles("echo", &p(&r["inline_echo_rtt_ns"]));
+    print_percentiles("port", &p(&r["port_rtt_ns"]));
     print_percentiles("mailbox", &p(&r["mailbox_rtt_ns"]));
+    println!(
+        "  (kernel: application → daemon → kernel → back; echo: the daemon's inline echo \
+         device, same path without the kernel; port: the kernel's host end driven \
+         directly; mailbox: the PIO mailbox alone)"
+    );
     let params = json!({
         "backend": a.backend, "size": size, "wait": a.wait, "count": cfg.count,
     });
