@@ -33,6 +33,13 @@ pub enum KernelError {
     /// The kernel cannot do what the message asks.
     #[error("the kernel does not support this request")]
     Unsupported,
+    /// An answer longer than one message carries (the runner answers
+    /// this error instead of cutting it).
+    #[error("an answer of {len} bytes is longer than one message")]
+    AnswerTooLarge {
+        /// The answer's length.
+        len: usize,
+    },
 }
 
 impl KernelError {
@@ -41,6 +48,7 @@ impl KernelError {
         match self {
             KernelError::Misaligned { .. } => 1,
             KernelError::Unsupported => 2,
+            KernelError::AnswerTooLarge { .. } => 3,
         }
     }
 }

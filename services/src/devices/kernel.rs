@@ -896,8 +896,12 @@ struct Answers {
 
 impl Emit for Answers {
     fn answer(&mut self, conn: u16, payload: &[u8]) {
+        if payload.len() > Message::MAX_PAYLOAD {
+            let error = KernelError::AnswerTooLarge { len: payload.len() };
+            self.items.push((conn, Err(error.code())));
+            return;
+        }
         let start = self.bytes.len();
-        let payload = &payload[..payload.len().min(Message::MAX_PAYLOAD)];
         self.bytes.extend_from_slice(payload);
         self.items.push((conn, Ok((start, self.bytes.len()))));
     }
@@ -1187,6 +1191,15 @@ mod tests {
         assert_eq!(a.header().status(), Status::BadRequest);
         assert_eq!(a.header().dst, uid("1.1.1.1:5"));
         assert_eq!(shared.stats.kernel_errors.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn an_answer_longer_than_a_message_becomes_an_error_not_a_cut_answer() {
+        let mut a = Answers::default();
+        a.answer(1, &vec![0; Message::MAX_PAYLOAD + 1]);
+        a.answer(2, b"ok");
+        assert_eq!(a.items[0], (1, Err(3)));
+        assert_eq!(a.items[1], (2, Ok((0, 2))));
     }
 
     #[test]
