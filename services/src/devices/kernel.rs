@@ -446,6 +446,18 @@ impl End {
             .then(|| Self::head_seq(&self.mailbox_head))
             .flatten();
         let b = self.connect_head.as_deref().and_then(Self::head_seq);
+        // A frame from before the one expected can never be taken: it
+        // would block its path for good.
+        let stale =
+            |seq: Option<u32>| seq.is_some_and(|s| (s.wrapping_sub(self.expect) as i32) < 0);
+        if stale(a) {
+            self.mailbox_has = false;
+            return Next::Garbage;
+        }
+        if stale(b) {
+            self.connect_head = None;
+            return Next::Garbage;
+        }
         let choice = match pick(self.expect, a, b) {
             Pick::Skip => match (a, b) {
                 (Some(a), Some(b)) => earlier(self.expect, a, b),
@@ -1200,6 +1212,24 @@ mod tests {
         a.answer(2, b"ok");
         assert_eq!(a.items[0], (1, Err(3)));
         assert_eq!(a.items[1], (2, Ok((0, 2))));
+    }
+
+    #[test]
+    fn a_frame_from_before_the_one_expected_is_dropped_not_left_blocking_its_path() {
+        let (mut port, _shared) = open("t", config(KernelFunction::Stall)).unwrap();
+        // Expect answer 5: a frame numbered 3 on the mailbox is stale.
+        port.end.expect = 5;
+        let stale = Frame {
+            kind: FrameKind::Done,
+            code: 0,
+            conn: 0,
+            request: 0,
+            seq: 3,
+        };
+        port.end.mailbox_head = stale.encode().to_vec();
+        port.end.mailbox_has = true;
+        assert!(matches!(port.end.next(), Next::Garbage));
+        assert!(!port.end.mailbox_has, "the path is free again");
     }
 
     #[test]
