@@ -702,12 +702,17 @@ impl KernelPort {
         self.publish_waiting();
     }
 
-    /// Takes what the kernel answered into `ready`, in order.
+    /// Takes what the kernel answered into `ready`, in order; first
+    /// sends the message held back if there is room now (the engine asks
+    /// for room only while it has more for this port, so the last one
+    /// held must go from here: the kernel wakes the engine's input side
+    /// when it makes room).
     fn receive(&mut self) {
         if self.is_down() {
             self.fail_over();
             return;
         }
+        self.retry_held();
         while self.ready.len() < self.ready_capacity {
             let via = match self.end.next() {
                 Next::Empty => break,
@@ -872,6 +877,7 @@ impl PortIo for KernelPort {
 
     /// Rings the kernel thread, once per burst.
     fn flush(&mut self) {
+        self.retry_held();
         self.shared.unpark_kernel();
     }
 
@@ -1192,6 +1198,25 @@ mod tests {
         }
         let order: Vec<u32> = got.iter().map(|m| m.header().seqnum).collect();
         assert_eq!(order, (0..200).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_last_message_held_back_goes_once_the_kernel_makes_room() {
+        let (mut port, shared) = open("t", config(KernelFunction::Echo)).unwrap();
+        // Fill the path without reading answers, until one is held back.
+        let mut pushed = 0u32;
+        while shared.stats.pio_requests.load(Relaxed) + shared.stats.connect_requests.load(Relaxed)
+            == u64::from(pushed)
+        {
+            assert!(pushed < 1000, "nothing was ever held back");
+            port.push(request(9000, pushed)).unwrap();
+            pushed += 1;
+        }
+        port.flush();
+        // The engine has nothing more for this port: it only reads answers.
+        let got = answers(&mut port, pushed as usize);
+        let order: Vec<u32> = got.iter().map(|m| m.header().seqnum).collect();
+        assert_eq!(order, (0..pushed).collect::<Vec<_>>());
     }
 
     #[test]
