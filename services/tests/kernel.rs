@@ -165,6 +165,47 @@ async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_messages_on_both_paths_come_back_in_the_order_sent() {
+    let dir = runtime("order");
+    let (_daemon, client) = embedded(config(&[kernel(2, "echo", "tokens = 2\n")]), &dir)
+        .await
+        .unwrap();
+    let session = Client::connect(&dir)
+        .await
+        .unwrap()
+        .attach("app")
+        .await
+        .unwrap();
+    let mut conn = session.connect(at(2)).await.unwrap();
+    let mut rng = Rng(42);
+    let sent: Vec<Vec<u8>> = (0..300)
+        .map(|_| {
+            let len = if rng.next() % 2 == 0 { 16 } else { 9000 };
+            rng.bytes(len)
+        })
+        .collect();
+    for m in &sent {
+        conn.send_bytes(Bytes::from(m.clone())).await.unwrap();
+    }
+    for (i, want) in sent.iter().enumerate() {
+        let got = tokio::time::timeout(Duration::from_secs(10), conn.recv())
+            .await
+            .unwrap_or_else(|_| panic!("answer {i} never came"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("answer {i} of {} bytes: {e:?}", want.len()));
+        assert!(
+            got.payload().as_ref() == want.as_slice(),
+            "answer {i} out of order"
+        );
+    }
+    let d = device(&client, "k2").await;
+    assert!(
+        d["messages"]["pio"].as_u64() > Some(50) && d["messages"]["connect"].as_u64() > Some(50)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sum32_refuses_a_payload_of_partial_words_and_the_connection_goes_on() {
     let dir = runtime("misaligned");
     let (_daemon, client) = embedded(config(&[kernel(2, "sum32", "")]), &dir)
