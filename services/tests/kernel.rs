@@ -180,7 +180,11 @@ async fn pipelined_messages_on_both_paths_come_back_in_the_order_sent() {
     let mut rng = Rng(42);
     let sent: Vec<Vec<u8>> = (0..300)
         .map(|_| {
-            let len = if rng.next() % 2 == 0 { 16 } else { 9000 };
+            let len = if rng.next().is_multiple_of(2) {
+                16
+            } else {
+                9000
+            };
             rng.bytes(len)
         })
         .collect();
