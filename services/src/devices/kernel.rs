@@ -338,6 +338,8 @@ impl Path {
             connect_head: None,
             next_seq: 0,
             expect: 0,
+            #[cfg(test)]
+            own_window: (self.connect_memory.clone(), own),
         })
     }
 }
@@ -362,6 +364,9 @@ struct End {
     connect_head: Option<Bytes>,
     next_seq: u32,
     expect: u32,
+    /// The window this side reads, for tests that corrupt it.
+    #[cfg(test)]
+    own_window: (Arc<SharedMemory>, RingLayout),
 }
 
 /// What [`End::next`] found.
@@ -372,6 +377,9 @@ enum Next {
     Garbage,
     /// Nothing in order yet.
     Empty,
+    /// A path's shared memory is corrupt (a mailbox slot or the Connect
+    /// window's control words): nothing more can be read from it.
+    Broken(String),
 }
 
 impl End {
@@ -435,13 +443,15 @@ impl End {
                 .recv_deadline(&mut self.mailbox_head, Some(deadline))
             {
                 Ok(_) if Frame::decode(&self.mailbox_head).is_ok() => self.mailbox_has = true,
-                _ => return Next::Garbage,
+                // A message cut short: what arrived is dropped.
+                Ok(_) | Err(uniplane_shm::mailbox::MailboxError::Timeout) => return Next::Garbage,
+                // The slot stays as it is: it would be read again and again.
+                Err(e) => return Next::Broken(format!("PIO mailbox: {e}")),
             }
         }
         if self.connect_head.is_none() {
-            // A broken window is the kernel's garbage too: its frames are lost.
-            if self.connect.poll().is_err() {
-                return Next::Garbage;
+            if let Err(e) = self.connect.poll() {
+                return Next::Broken(format!("FPGA Connect: {e}"));
             }
             if let Some(b) = self.connect.take(CONNECT_CONN) {
                 if Frame::decode(&b).is_err() {
@@ -725,6 +735,11 @@ impl KernelPort {
         while self.ready.len() < self.ready_capacity {
             let via = match self.end.next() {
                 Next::Empty => break,
+                Next::Broken(reason) => {
+                    self.shared.mark_down(reason);
+                    self.fail_over();
+                    break;
+                }
                 Next::Garbage => {
                     self.received += 1;
                     self.shared.stats.garbage.fetch_add(1, Relaxed);
@@ -999,6 +1014,10 @@ impl KernelEnd {
             // The host's own frames: never garbage unless memory broke.
             Next::Garbage => return true,
             Next::Empty => return false,
+            Next::Broken(reason) => {
+                self.shared.mark_down(reason);
+                return false;
+            }
         };
         let bytes = self.end.frame(via);
         let Ok((frame, payload)) = Frame::decode(bytes) else {
@@ -1275,6 +1294,19 @@ mod tests {
         port.end.mailbox_has = true;
         assert!(matches!(port.end.next(), Next::Garbage));
         assert!(!port.end.mailbox_has, "the path is free again");
+    }
+
+    #[test]
+    fn a_corrupt_connect_window_marks_the_device_down_instead_of_spinning() {
+        let (mut port, shared) = open("t", config(KernelFunction::Stall)).unwrap();
+        port.push(request(16, 1)).unwrap();
+        // The kernel side scribbles over the control words of the host's
+        // window (the kernel writes it): its tail runs past the data.
+        let (memory, window) = &port.end.own_window;
+        assert!(memory.write(window.control, &[0xff; 8]));
+        assert_eq!(port.available(), 1, "the waiting request is failed");
+        assert!(shared.down().unwrap().contains("FPGA Connect"));
+        assert_eq!(port.pop().unwrap().header().status(), Status::PeerFailed);
     }
 
     #[test]
