@@ -732,7 +732,12 @@ impl KernelPort {
             return;
         }
         self.retry_held();
-        while self.ready.len() < self.ready_capacity {
+        // Bounded: a kernel writing garbage as fast as it is read must not
+        // keep the engine here.
+        for _ in 0..self.ready_capacity {
+            if self.ready.len() >= self.ready_capacity {
+                break;
+            }
             let via = match self.end.next() {
                 Next::Empty => break,
                 Next::Broken(reason) => {
