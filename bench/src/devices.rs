@@ -82,6 +82,8 @@ const SWEEP_BYTES: usize = 64 << 20;
 const MEASURED: u16 = 2;
 const STAGED: u16 = 3;
 const DIRECT: u16 = 4;
+/// An inline echo device beside the kernel device: the path without it.
+const INLINE_ECHO: u16 = 5;
 
 fn daemon_config(cfg: &DevicesConfig, dir: &Path) -> Result<uniplane_services::Config, BenchError> {
     let mut text = String::from("[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n");
@@ -399,4 +401,237 @@ mod tests {
     fn the_median_is_the_middle_round() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
     }
+}
+
+/// What `devices --backend emulated` runs: round trips to an echo kernel
+/// device.
+#[derive(Clone, Debug)]
+pub struct KernelRttConfig {
+    /// Payload bytes per message (at most the largest payload).
+    pub size: usize,
+    /// How the application, the engine and the kernel thread wait.
+    pub wait: crate::path::WaitMode,
+    /// Round trips measured (after as many again to warm up, at most 1000).
+    pub count: usize,
+}
+
+/// Round trips application → daemon → kernel → back, one message in
+/// flight, to an echo kernel device (`kind = "kernel"`, `backend =
+/// "emulated"`) of a daemon in this process; then, in the same run, the
+/// round trip of the PIO mailbox alone between two threads for the same
+/// bytes. The `results` of its report.
+///
+/// ```text
+///  session ──ring──▶ engine ──KernelPort──PIO mailbox / FPGA Connect──▶ kernel thread (echo)
+///          ◀─ring─── (thread) ◀──────────────────────────────────────── answers
+///  mailbox alone:  thread A ──slot──▶ thread B ──slot──▶ thread A
+/// ```
+pub fn run_kernel_rtt(cfg: &KernelRttConfig) -> Result<Value, BenchError> {
+    if cfg.size > Message::MAX_PAYLOAD {
+        return Err(BenchError::Config(format!(
+            "--size: {} bytes; one message carries at most {}",
+            cfg.size,
+            Message::MAX_PAYLOAD
+        )));
+    }
+    let dir = scratch_dir("devices-kernel")?;
+    let result = measure_kernel(cfg, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError> {
+    use crate::hist::LatencyHistogram;
+    use crate::path::WaitMode;
+    let (engine, kernel) = match cfg.wait {
+        WaitMode::Busy => ("busy-poll", "busy"),
+        WaitMode::Park => ("spin-then-park", "park"),
+    };
+    let text = format!(
+        "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n\n\
+         [engine]\nmode = \"{engine}\"\n\n\
+         [[devices]]\nname = \"kernel\"\nkind = \"kernel\"\ndevice = {MEASURED}\n\
+         backend = \"emulated\"\nfunction = \"echo\"\nwait = \"{kernel}\"\n\n\
+         [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = {INLINE_ECHO}\n"
+    );
+    let mut config = uniplane_services::Config::parse(&text, "devices")
+        .map_err(|e| BenchError::Config(format!("the daemon's configuration: {e}")))?;
+    config.runtime_dir = Some(dir.to_owned());
+    let threshold = config.devices[0].kernel.map_or(0, |k| k.pio_threshold);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| BenchError::Thread {
+            what: "daemon",
+            source,
+        })?;
+    let (hist, echo_hist, counters) = rt.block_on(async {
+        let (_daemon, client) = uniplane_services::client::embedded(config, dir)
+            .await
+            .map_err(|e| BenchError::Config(format!("the daemon: {e}")))?;
+        let session = crate::path::session(dir, "devices-kernel", cfg.wait).await?;
+        let payload = Bytes::from(pattern(cfg.size));
+        let mut hists = Vec::new();
+        for device in [MEASURED, INLINE_ECHO] {
+            let target =
+                uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, device).port(7);
+            let mut conn = session.connect(target).await.map_err(client_err)?;
+            let mut hist = LatencyHistogram::new();
+            let warm = cfg.count.min(1000);
+            for i in 0..warm + cfg.count {
+                let t0 = Instant::now();
+                conn.send_bytes(payload.clone()).await.map_err(client_err)?;
+                let back = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    crate::path::recv(&mut conn, cfg.wait),
+                )
+                .await
+                .map_err(|_| BenchError::Config("the device did not answer in 5 s".into()))??;
+                let rtt = t0.elapsed();
+                if back.len() != cfg.size {
+                    return Err(BenchError::Config(format!(
+                        "the device answered {} bytes to {}",
+                        back.len(),
+                        cfg.size
+                    )));
+                }
+                if i >= warm {
+                    hist.record(rtt.as_nanos() as u64);
+                }
+            }
+            hists.push(hist);
+        }
+        let echo_hist = hists.pop().unwrap_or_default();
+        let hist = hists.pop().unwrap_or_default();
+        let status = client
+            .request(&uniplane_services::control::Request::Status)
+            .await
+            .map_err(client_err)?;
+        Ok::<_, BenchError>((hist, echo_hist, status["devices"][0].clone()))
+    })?;
+    drop(rt);
+    let port = port_rtt(cfg)?;
+    let mailbox = mailbox_rtt(cfg, threshold)?;
+    Ok(json!({
+        "backend": "emulated",
+        "function": "echo",
+        "size": cfg.size,
+        "wait": cfg.wait.name(),
+        "pio_threshold": threshold,
+        "path": if cfg.size <= threshold { "pio" } else { "connect" },
+        "round_trips": cfg.count,
+        "rtt_ns": hist.percentiles(),
+        "inline_echo_rtt_ns": echo_hist.percentiles(),
+        "port_rtt_ns": port.percentiles(),
+        "mailbox_rtt_ns": mailbox.percentiles(),
+        "device_counters": counters,
+    }))
+}
+
+/// Round trips through a kernel device's host end driven directly from
+/// this thread, as the engine drives it (push, flush, pop): the emulated
+/// path and the kernel thread without the engine and the client library.
+fn port_rtt(cfg: &KernelRttConfig) -> Result<crate::hist::LatencyHistogram, BenchError> {
+    use uniplane_dataplane::PortIo;
+    use uniplane_services::config::{KernelDeviceConfig, KernelFunction, KernelWait};
+    let config = KernelDeviceConfig {
+        function: KernelFunction::Echo,
+        pio_threshold: uniplane_services::config::DEFAULT_PIO_THRESHOLD,
+        tokens: uniplane_services::config::DEFAULT_KERNEL_TOKENS,
+        stall_timeout_ms: uniplane_services::config::DEFAULT_STALL_TIMEOUT_MS,
+        wait: match cfg.wait {
+            crate::path::WaitMode::Busy => KernelWait::Busy,
+            crate::path::WaitMode::Park => KernelWait::Park,
+        },
+    };
+    let (mut port, _shared) = uniplane_services::devices::kernel::open("bench", config)
+        .map_err(|e| BenchError::Config(e.to_string()))?;
+    let local = uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, 9);
+    let kernel = uniplane_dataplane::Uid::new(std::net::Ipv4Addr::LOCALHOST, MEASURED);
+    let m = Message::send(
+        local.port(5),
+        kernel.port(7),
+        Bytes::from(pattern(cfg.size)),
+    )
+    .map_err(|e| BenchError::Config(e.to_string()))?;
+    let total = cfg.count + cfg.count.min(1000);
+    let mut hist = crate::hist::LatencyHistogram::new();
+    for i in 0..total {
+        let t0 = Instant::now();
+        if port.push(m.clone()).is_err() {
+            return Err(BenchError::Config(
+                "the kernel port refused a message".into(),
+            ));
+        }
+        port.flush();
+        let deadline = t0 + Duration::from_secs(5);
+        loop {
+            if port.pop().is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(BenchError::Config(
+                    "the kernel did not answer in 5 s".into(),
+                ));
+            }
+            port.release();
+            std::hint::spin_loop();
+        }
+        if i >= total - cfg.count {
+            hist.record(t0.elapsed().as_nanos() as u64);
+        }
+    }
+    Ok(hist)
+}
+
+/// Round trips of `cfg.size` bytes through a PIO mailbox alone, between
+/// this thread and an echoing one, slots as a kernel device of
+/// `threshold` has.
+fn mailbox_rtt(
+    cfg: &KernelRttConfig,
+    threshold: usize,
+) -> Result<crate::hist::LatencyHistogram, BenchError> {
+    use uniplane_shm::mailbox::{MailboxRegion, Side, WaitPolicy};
+    let fail = |e: &dyn std::fmt::Display| BenchError::Config(format!("mailbox: {e}"));
+    let policy = match cfg.wait {
+        crate::path::WaitMode::Busy => WaitPolicy::BusyPoll,
+        crate::path::WaitMode::Park => WaitPolicy::default(),
+    };
+    let slot = (threshold + 20).div_ceil(128) * 128;
+    let region = MailboxRegion::create(1, slot).map_err(|e| fail(&e))?;
+    let (mut tx, mut rx) = region
+        .endpoint(0, Side::A, policy)
+        .ok_or_else(|| fail(&"no endpoint"))?;
+    let (mut echo_tx, mut echo_rx) = region
+        .endpoint(0, Side::B, policy)
+        .ok_or_else(|| fail(&"no endpoint"))?;
+    let total = cfg.count + cfg.count.min(1000);
+    let echo = std::thread::Builder::new()
+        .name("mailbox-echo".into())
+        .spawn(move || {
+            let mut buf = Vec::new();
+            for _ in 0..total {
+                if echo_rx.recv(&mut buf).is_err() || echo_tx.send(&buf).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|source| BenchError::Thread {
+            what: "mailbox echo",
+            source,
+        })?;
+    let payload = pattern(cfg.size);
+    let mut back = Vec::new();
+    let mut hist = crate::hist::LatencyHistogram::new();
+    for i in 0..total {
+        let t0 = Instant::now();
+        tx.send(&payload).map_err(|e| fail(&e))?;
+        rx.recv(&mut back).map_err(|e| fail(&e))?;
+        if i >= total - cfg.count {
+            hist.record(t0.elapsed().as_nanos() as u64);
+        }
+    }
+    let _ = echo.join();
+    Ok(hist)
 }

@@ -155,9 +155,21 @@ struct DevicesArgs {
     /// Where the device keeps its bytes (gpu needs a build with `--features gpu`).
     #[arg(long, default_value = "host", value_parser = ["host", "gpu"])]
     memory: String,
-    /// Bytes written and read back (K, M, G: powers of 1024; at most 1G).
-    #[arg(long, default_value = "64M")]
-    size: String,
+    /// A kernel device instead of memory: round trips to an echo kernel
+    /// behind the emulated PCIe path (PIO mailbox or FPGA Connect by size).
+    #[arg(long, value_parser = ["emulated"])]
+    backend: Option<String>,
+    /// Bytes written and read back (K, M, G: powers of 1024; at most 1G);
+    /// with --backend, bytes per message (at most 65535). Default: 64M,
+    /// with --backend 64.
+    #[arg(long)]
+    size: Option<String>,
+    /// With --backend: how the application, engine and kernel thread wait.
+    #[arg(long, default_value = "park", value_parser = ["busy", "park"])]
+    wait: String,
+    /// With --backend: round trips measured.
+    #[arg(long, default_value_t = 20_000)]
+    count: usize,
     /// Compare the bytes read back with those written.
     #[arg(long)]
     verify: bool,
@@ -1732,7 +1744,11 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
 
 fn devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     use uniplane_bench::devices::{parse_bytes, run_devices, DevicesConfig, MemoryKind};
-    let size = parse_bytes(&a.size).map_err(|e| BenchError::Config(format!("--size: {e}")))?;
+    if a.backend.is_some() {
+        return kernel_devices(cli, a);
+    }
+    let size = parse_bytes(a.size.as_deref().unwrap_or("64M"))
+        .map_err(|e| BenchError::Config(format!("--size: {e}")))?;
     let cfg = DevicesConfig {
         memory: if a.memory == "gpu" {
             MemoryKind::Gpu
@@ -1777,6 +1793,54 @@ fn devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     }
     let params = json!({
         "memory": a.memory, "size": size, "verify": a.verify, "gpu": a.gpu, "rounds": a.rounds,
+    });
+    emit(cli.json, &Report::new("devices", params, r))
+}
+
+/// `devices --backend emulated`: round trips to an echo kernel device.
+fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
+    use uniplane_bench::devices::{parse_bytes, run_kernel_rtt, KernelRttConfig};
+    use uniplane_bench::path::WaitMode;
+    let size = parse_bytes(a.size.as_deref().unwrap_or("64"))
+        .map_err(|e| BenchError::Config(format!("--size: {e}")))?;
+    let wait = if a.wait == "busy" {
+        WaitMode::Busy
+    } else {
+        WaitMode::Park
+    };
+    let cfg = KernelRttConfig {
+        size,
+        wait,
+        count: a.count.max(1),
+    };
+    let r = run_kernel_rtt(&cfg)?;
+    println!(
+        "devices: {size}-byte round trips to an echo kernel (emulated, wait {}), path {}:",
+        a.wait,
+        r["path"].as_str().unwrap_or("?")
+    );
+    let p = |v: &Value| Percentiles {
+        count: v["count"].as_u64().unwrap_or(0),
+        min: v["min"].as_u64().unwrap_or(0),
+        mean: v["mean"].as_f64().unwrap_or(0.0),
+        p50: v["p50"].as_u64().unwrap_or(0),
+        p90: v["p90"].as_u64().unwrap_or(0),
+        p99: v["p99"].as_u64().unwrap_or(0),
+        p999: v["p999"].as_u64().unwrap_or(0),
+        p9999: v["p9999"].as_u64().unwrap_or(0),
+        max: v["max"].as_u64().unwrap_or(0),
+    };
+    print_percentiles("kernel", &p(&r["rtt_ns"]));
+    print_percentiles("echo", &p(&r["inline_echo_rtt_ns"]));
+    print_percentiles("port", &p(&r["port_rtt_ns"]));
+    print_percentiles("mailbox", &p(&r["mailbox_rtt_ns"]));
+    println!(
+        "  (kernel: application → daemon → kernel → back; echo: the daemon's inline echo \
+         device, same path without the kernel; port: the kernel's host end driven \
+         directly; mailbox: the PIO mailbox alone)"
+    );
+    let params = json!({
+        "backend": a.backend, "size": size, "wait": a.wait, "count": cfg.count,
     });
     emit(cli.json, &Report::new("devices", params, r))
 }

@@ -279,7 +279,7 @@ pub(crate) async fn session(dir: &Path, name: &str, wait: WaitMode) -> Result<Se
 }
 
 /// Waits for the next message on `conn` by polling (busy) or sleeping.
-async fn recv(conn: &mut Connection, wait: WaitMode) -> Result<Bytes, BenchError> {
+pub(crate) async fn recv(conn: &mut Connection, wait: WaitMode) -> Result<Bytes, BenchError> {
     use futures_util::FutureExt;
     let next = match wait {
         WaitMode::Park => conn.recv().await,

@@ -38,3 +38,46 @@ fn gpu_memory_needs_the_gpu_feature() {
         "built without the gpu feature",
     );
 }
+
+#[test]
+fn an_emulated_kernel_reports_its_round_trips_and_the_path_its_size_takes() {
+    for (size, path, field) in [("64", "pio", "pio"), ("4K", "connect", "connect")] {
+        let v = last_json(&bench(&[
+            "devices",
+            "--backend",
+            "emulated",
+            "--size",
+            size,
+            "--count",
+            "200",
+            "--json",
+        ]));
+        assert_eq!(string(&v, "bench"), "devices");
+        check_machine(&v);
+        assert_eq!(string(&v, "results.path"), path);
+        assert_eq!(count(&v, "results.round_trips"), 200);
+        for hist in [
+            "rtt_ns",
+            "inline_echo_rtt_ns",
+            "port_rtt_ns",
+            "mailbox_rtt_ns",
+        ] {
+            assert_eq!(count(&v, &format!("results.{hist}.count")), 200, "{hist}");
+            assert!(count(&v, &format!("results.{hist}.p50")) > 0, "{hist}");
+        }
+        // Warm-up and measured round trips all took the path.
+        assert_eq!(
+            count(&v, &format!("results.device_counters.messages.{field}")),
+            400
+        );
+        assert_eq!(string(&v, "results.device_counters.state"), "up");
+    }
+}
+
+#[test]
+fn an_emulated_kernel_refuses_a_message_larger_than_one_message() {
+    fails_with(
+        &["devices", "--backend", "emulated", "--size", "64K"],
+        "at most 65535",
+    );
+}

@@ -127,6 +127,11 @@ struct RawDevice {
     gpu: Option<Spanned<i64>>,
     transfer: Option<Spanned<String>>,
     direct_from: Option<Spanned<i64>>,
+    function: Option<Spanned<String>>,
+    pio_threshold: Option<Spanned<i64>>,
+    tokens: Option<Spanned<i64>>,
+    stall_timeout_ms: Option<Spanned<i64>>,
+    wait: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -307,6 +312,9 @@ pub enum DeviceKind {
     /// Sends everything it receives back into the overlay: a hop of
     /// multi-hop routes.
     Relay,
+    /// A kernel (`function = …`) on a thread of its own behind the
+    /// emulated PCIe path: PIO mailbox and FPGA Connect.
+    Kernel,
 }
 
 /// A device hosted by the daemon.
@@ -322,7 +330,74 @@ pub struct DeviceConfig {
     pub memory: usize,
     /// Where a memory device keeps its bytes.
     pub backend: MemoryBackend,
+    /// A kernel device's settings (`kind = "kernel"` only).
+    pub kernel: Option<KernelDeviceConfig>,
 }
+
+/// A kernel device's settings (`kind = "kernel"`, `backend = "emulated"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelDeviceConfig {
+    /// What the kernel computes.
+    pub function: KernelFunction,
+    /// Messages of at most this many payload bytes take the PIO mailbox,
+    /// larger ones FPGA Connect.
+    pub pio_threshold: usize,
+    /// FPGA Connect tokens: data frames in flight per direction.
+    pub tokens: u32,
+    /// How long requests may wait unanswered before the device is marked
+    /// down and its connections closed.
+    pub stall_timeout_ms: u64,
+    /// How the kernel thread waits for work.
+    pub wait: KernelWait,
+}
+
+/// What a kernel device computes (`function = …`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFunction {
+    /// Answers each message with its payload.
+    Echo,
+    /// Answers the wrapping sum of the payload's little-endian `u32`s.
+    Sum32,
+    /// For failure tests: never takes a message, so tokens and slots run
+    /// out and the device must be declared stalled.
+    Stall,
+    /// For failure tests: the kernel thread panics on its first message.
+    Panic,
+    /// For failure tests: answers frames that are not frames.
+    Garbage,
+}
+
+impl KernelFunction {
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFunction::Echo => "echo",
+            KernelFunction::Sum32 => "sum32",
+            KernelFunction::Stall => "stall",
+            KernelFunction::Panic => "panic",
+            KernelFunction::Garbage => "garbage",
+        }
+    }
+}
+
+/// How a kernel thread waits for work (`wait = "park" | "busy"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelWait {
+    /// Spins a little, then sleeps until the host rings it.
+    #[default]
+    Park,
+    /// Polls without pause: lowest latency, one busy core.
+    Busy,
+}
+
+/// A kernel device's PIO threshold when the file gives none: the PIO
+/// mailbox's round trip is shorter up to 256 bytes (`docs/shm.md`, the
+/// size-based choice of `uniplane_shm::p2p::PathPolicy`).
+pub const DEFAULT_PIO_THRESHOLD: usize = 256;
+/// FPGA Connect tokens of a kernel device by default.
+pub const DEFAULT_KERNEL_TOKENS: u32 = 16;
+/// A kernel device's stall timeout by default, in milliseconds.
+pub const DEFAULT_STALL_TIMEOUT_MS: u64 = 1000;
 
 /// Where a memory device keeps its bytes (`backend = "host" | "gpu"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -658,11 +733,14 @@ impl Config {
                 "echo" => DeviceKind::Echo,
                 "memory" => DeviceKind::Memory,
                 "relay" => DeviceKind::Relay,
+                "kernel" => DeviceKind::Kernel,
                 other => {
                     return src.invalid(
                         d.kind.span(),
                         "devices.kind",
-                        format!("`{other}`: expected \"echo\", \"memory\" or \"relay\""),
+                        format!(
+                            "`{other}`: expected \"echo\", \"memory\", \"relay\" or \"kernel\""
+                        ),
                     )
                 }
             };
@@ -682,6 +760,7 @@ impl Config {
                     .transpose()?,
                 memory,
                 backend: memory_backend(&src, d, kind, memory)?,
+                kernel: kernel_device(&src, d, kind)?,
             });
         }
 
@@ -1092,11 +1171,13 @@ fn memory_backend(
     ];
     let backend = match &d.backend {
         None => "host",
+        // Checked by `kernel_device`.
+        Some(_) if kind == DeviceKind::Kernel => "host",
         Some(b) if kind != DeviceKind::Memory => {
             return src.invalid(
                 b.span(),
                 "devices.backend",
-                "only a `kind = \"memory\"` device has a backend",
+                "only a `kind = \"memory\"` or `kind = \"kernel\"` device has a backend",
             )
         }
         Some(b) => b.get_ref().as_str(),
@@ -1168,6 +1249,118 @@ fn memory_backend(
             format!("`{other}`: expected \"host\" or \"gpu\""),
         ),
     }
+}
+
+/// A kernel device's settings: `backend` (only `emulated`), `function`,
+/// `pio_threshold`, `tokens`, `stall_timeout_ms` and `wait`, each refused
+/// on other kinds.
+fn kernel_device(
+    src: &Source<'_>,
+    d: &RawDevice,
+    kind: DeviceKind,
+) -> Result<Option<KernelDeviceConfig>, ConfigError> {
+    let kernel_only = [
+        ("function", d.function.as_ref().map(|v| v.span())),
+        ("pio_threshold", d.pio_threshold.as_ref().map(|v| v.span())),
+        ("tokens", d.tokens.as_ref().map(|v| v.span())),
+        (
+            "stall_timeout_ms",
+            d.stall_timeout_ms.as_ref().map(|v| v.span()),
+        ),
+        ("wait", d.wait.as_ref().map(|v| v.span())),
+    ];
+    if kind != DeviceKind::Kernel {
+        if let Some((field, Some(span))) = kernel_only.into_iter().find(|(_, s)| s.is_some()) {
+            return src.invalid(
+                span,
+                &format!("devices.{field}"),
+                "only a `kind = \"kernel\"` device takes it",
+            );
+        }
+        return Ok(None);
+    }
+    if let Some(b) = &d.backend {
+        if b.get_ref() != "emulated" {
+            return src.invalid(
+                b.span(),
+                "devices.backend",
+                format!(
+                    "`{}`: a kernel device's backend is \"emulated\" \
+                     (RTL kernels are not served yet)",
+                    b.get_ref()
+                ),
+            );
+        }
+    }
+    if let Some(m) = &d.memory {
+        return src.invalid(
+            m.span(),
+            "devices.memory",
+            "a kernel device has no memory of its own to serve",
+        );
+    }
+    let function = match d.function.as_ref() {
+        None => {
+            return src.invalid(
+                d.kind.span(),
+                "devices.function",
+                "a kernel device needs `function` (\"echo\" or \"sum32\")",
+            )
+        }
+        Some(f) => match f.get_ref().as_str() {
+            "echo" => KernelFunction::Echo,
+            "sum32" => KernelFunction::Sum32,
+            "stall" => KernelFunction::Stall,
+            "panic" => KernelFunction::Panic,
+            "garbage" => KernelFunction::Garbage,
+            other => {
+                return src.invalid(
+                    f.span(),
+                    "devices.function",
+                    format!(
+                        "`{other}`: expected \"echo\" or \"sum32\" \
+                         (or, for failure tests, \"stall\", \"panic\" or \"garbage\")"
+                    ),
+                )
+            }
+        },
+    };
+    let wait = match d.wait.as_ref() {
+        None => KernelWait::Park,
+        Some(w) => match w.get_ref().as_str() {
+            "park" => KernelWait::Park,
+            "busy" => KernelWait::Busy,
+            other => {
+                return src.invalid(
+                    w.span(),
+                    "devices.wait",
+                    format!("`{other}`: expected \"park\" or \"busy\""),
+                )
+            }
+        },
+    };
+    Ok(Some(KernelDeviceConfig {
+        function,
+        pio_threshold: src.number_or(
+            d.pio_threshold.as_ref(),
+            DEFAULT_PIO_THRESHOLD,
+            "devices.pio_threshold",
+            bounds::PIO_THRESHOLD,
+        )?,
+        tokens: src.number_or(
+            d.tokens.as_ref(),
+            DEFAULT_KERNEL_TOKENS,
+            "devices.tokens",
+            bounds::KERNEL_TOKENS,
+        )?,
+        stall_timeout_ms: src.number_or(
+            d.stall_timeout_ms.as_ref(),
+            DEFAULT_STALL_TIMEOUT_MS,
+            "devices.stall_timeout_ms",
+            bounds::STALL_TIMEOUT_MS,
+        )?,
+        wait,
+    }))
 }
 
 /// `direct_from` when the file gives none: payloads of at least this many

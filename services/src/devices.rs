@@ -29,6 +29,7 @@ use uniplane_dataplane::{Link, LinkExt, Message, PortClosed, PortIo};
 use crate::config::DeviceKind;
 
 pub mod gpu;
+pub mod kernel;
 
 /// Byte storage a memory device serves: what [`handle`] needs of host or
 /// GPU memory.

@@ -136,6 +136,13 @@ action = "deny"
             ));
         }
     }
+    if i == 1 && plane == "engine" {
+        // Server 2 hosts a kernel (the software engine drives kernels).
+        c.push_str(
+            "\n[[devices]]\nname = \"sum\"\nkind = \"kernel\"\ndevice = 3\n\
+             backend = \"emulated\"\nfunction = \"sum32\"\n",
+        );
+    }
     if i == 0 {
         // Server 1 reaches server 3 through its relay device.
         c.push_str(&format!(
@@ -301,6 +308,25 @@ async fn three_servers(planes: [&str; 3]) {
         echo_round_trip(&mut to2, "hello 2").await.unwrap().as_ref(),
         b"hello 2"
     );
+    if planes[1] == "engine" {
+        // ... and calls the kernel on server 2 by its UID.
+        let mut sum = app
+            .connect(uid(1, 3).port(7))
+            .await
+            .expect("connect to the kernel");
+        let words: Vec<u8> = [40u32, 2, u32::MAX]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        sum.send_bytes(Bytes::from(words)).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), sum.recv())
+            .await
+            .expect("the kernel answers")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.payload().as_ref(), 41u32.to_le_bytes());
+        app.close(sum).await.unwrap();
+    }
 
     // Server 1 holds its daemon, two devices, the app and a tunnel each
     // way to each peer: 8 ports.

@@ -337,6 +337,13 @@ pub enum Event {
         /// Its source and destination ports, when it has them.
         ports: Option<(u16, u16)>,
     },
+    /// A local device failed (its kernel stopped consuming or its thread
+    /// died): every connection to or from it is closed (`PeerFailed`, its
+    /// other ends told, local or remote). The device keeps its UID.
+    DeviceFailed {
+        /// Its device number on this server.
+        device: u16,
+    },
 }
 
 /// Whether a notice announces a connection or its end.

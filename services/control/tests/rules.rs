@@ -125,6 +125,26 @@ fn devices_accept_on_every_port_and_get_no_notice() {
 }
 
 #[test]
+fn a_failed_device_closes_its_connections_and_no_other() {
+    let mut h = Harness::new(config());
+    let client = h.attach(A, "client");
+    let server = h.attach(B, "server");
+    h.listen(B, 80);
+    let to_echo = connected(h.connect(A, uid("10.0.0.1:1"), 7));
+    let other = connected(h.connect(A, server, 80));
+    h.notices();
+    h.event(Event::DeviceFailed { device: 1 });
+    assert_eq!(
+        h.notices(),
+        vec![(client, ReqType::Notify, to_echo, Status::PeerFailed)],
+        "the device's caller is told, nobody else"
+    );
+    assert!(h.core.connections().any(|c| c.key == other));
+    assert!(!h.core.connections().any(|c| c.key == to_echo));
+    h.check();
+}
+
+#[test]
 fn requests_before_attach_are_answered_not_attached() {
     let mut h = Harness::new(config());
     assert_eq!(

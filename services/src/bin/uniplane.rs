@@ -130,6 +130,11 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         interval_ms: u64,
     },
+    /// Kernel devices: call one with a file's bytes.
+    Kernel {
+        #[command(subcommand)]
+        what: KernelCommand,
+    },
     /// One-sided write at SERVER:DEVICE@ADDR of a string or a file (in
     /// messages of at most the path's MTU, several in flight).
     Write {
@@ -153,6 +158,28 @@ enum Command {
         /// Saves the bytes in this file instead of showing them.
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KernelCommand {
+    /// Sends the bytes of a file as one message to the kernel device UID
+    /// (SERVER:DEVICE) and shows its answer, or saves it.
+    Call {
+        /// The kernel device.
+        uid: uniplane_dataplane::Uid,
+        /// The file whose bytes are the message (at most 65535).
+        #[arg(long)]
+        input: PathBuf,
+        /// Saves the answer in this file instead of showing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The port to connect to on the device.
+        #[arg(long, default_value_t = 7)]
+        port: u16,
+        /// How long to wait for the answer, in milliseconds.
+        #[arg(long, default_value_t = 10_000)]
+        timeout_ms: u64,
     },
 }
 
@@ -383,6 +410,24 @@ async fn run(args: &Args) -> Result<(), ClientError> {
             size,
             interval_ms,
         } => return ping(client, target, *count, *size, *interval_ms, args.json).await,
+        Command::Kernel {
+            what:
+                KernelCommand::Call {
+                    uid,
+                    input,
+                    out,
+                    port,
+                    timeout_ms,
+                },
+        } => {
+            let call = KernelCall {
+                target: uid.port(*port),
+                input,
+                out: out.as_deref(),
+                timeout: Duration::from_millis(*timeout_ms),
+            };
+            return kernel_call(client, call, args.json).await;
+        }
         Command::Write {
             address,
             data,
@@ -763,6 +808,66 @@ async fn send(
         as_json,
         &json!({ "to": endpoint.to_string(), "from": conn.local().to_string(), "sent": data.len() }),
     );
+    session.close(conn).await
+}
+
+/// What `uniplane kernel call` does.
+struct KernelCall<'a> {
+    target: Endpoint,
+    input: &'a std::path::Path,
+    out: Option<&'a std::path::Path>,
+    timeout: Duration,
+}
+
+async fn kernel_call(
+    client: Client,
+    call: KernelCall<'_>,
+    as_json: bool,
+) -> Result<(), ClientError> {
+    let fail = |message: String| ClientError::Daemon {
+        kind: "kernel".into(),
+        message,
+    };
+    let bytes =
+        std::fs::read(call.input).map_err(|e| fail(format!("{}: {e}", call.input.display())))?;
+    if bytes.len() > uniplane_dataplane::Message::MAX_PAYLOAD {
+        return Err(fail(format!(
+            "{}: {} bytes; one message carries at most {}",
+            call.input.display(),
+            bytes.len(),
+            uniplane_dataplane::Message::MAX_PAYLOAD
+        )));
+    }
+    let session = client.attach("uniplane-kernel").await?;
+    let mut conn = session.connect(call.target).await?;
+    let started = Instant::now();
+    conn.send_bytes(Bytes::from(bytes)).await?;
+    let answer = match tokio::time::timeout(call.timeout, conn.recv()).await {
+        Ok(Some(Ok(m))) => m,
+        Ok(Some(Err(e))) => return Err(e.into()),
+        Ok(None) => return Err(ClientError::Protocol("connection closed".into())),
+        Err(_) => {
+            return Err(fail(format!(
+                "no answer from {} in {} ms",
+                call.target,
+                call.timeout.as_millis()
+            )))
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let payload = answer.payload();
+    let mut v = json!({ "to": call.target.to_string(), "len": payload.len(), "seconds": seconds });
+    match call.out {
+        Some(out) => {
+            std::fs::write(out, payload).map_err(|e| fail(format!("{}: {e}", out.display())))?;
+            v["out"] = json!(out.display().to_string());
+        }
+        None => {
+            v["hex"] = json!(hex(payload));
+            v["text"] = json!(String::from_utf8_lossy(payload));
+        }
+    }
+    print(as_json, &v);
     session.close(conn).await
 }
 

@@ -19,6 +19,7 @@ fn kind_name(kind: DeviceKind) -> &'static str {
         DeviceKind::Echo => "echo",
         DeviceKind::Memory => "memory",
         DeviceKind::Relay => "relay",
+        DeviceKind::Kernel => "kernel",
     }
 }
 

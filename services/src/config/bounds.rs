@@ -14,6 +14,9 @@
 //! | `engine.table_capacity` | 1..=1048576 | entries per port's forwarding table |
 //! | `devices.device` | 1..=65535 | a 16-bit device number; 0 is the daemon |
 //! | `devices.memory` | 0..=1073741824 | 1 GiB per device |
+//! | `devices.pio_threshold` | 0..=4096 | one mailbox slot carries a PIO message |
+//! | `devices.tokens` | 1..=256 | each token is a 64 KiB frame of the Connect window |
+//! | `devices.stall_timeout_ms` | 10..=60000 | 1 minute |
 //! | `failure.heartbeat_ms` | 1..=60000 | 1 minute |
 //! | `stacks.mtu` | 256..=65507 | the largest UDP datagram |
 //! | `failure.misses` | 1..=1000 | |
@@ -93,6 +96,15 @@ pub const GPU: Bounds = Bounds::new(0, 63);
 /// `devices.direct_from`: payload bytes from which `transfer = "auto"`
 /// copies direct (0: always; above the largest payload: never).
 pub const DIRECT_FROM: Bounds = Bounds::new(0, 1 << 20).note("1 MiB");
+/// `devices.pio_threshold`: largest payload a kernel device's messages
+/// carry through the PIO mailbox (one slot holds one message).
+pub const PIO_THRESHOLD: Bounds = Bounds::new(0, 4096);
+/// `devices.tokens`: FPGA Connect tokens of a kernel device; its receive
+/// windows hold that many largest frames.
+pub const KERNEL_TOKENS: Bounds = Bounds::new(1, 256);
+/// `devices.stall_timeout_ms`: how long a kernel device's requests may go
+/// unanswered before it is marked down.
+pub const STALL_TIMEOUT_MS: Bounds = Bounds::new(10, 60_000).note("1 minute");
 /// `failure.heartbeat_ms`: milliseconds between heartbeats.
 pub const HEARTBEAT_MS: Bounds = Bounds::new(1, 60_000).note("1 minute");
 /// `failure.misses`: silent heartbeat intervals that declare a peer failed.

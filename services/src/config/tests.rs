@@ -813,7 +813,8 @@ fn a_backend_is_refused_where_it_means_nothing() {
         ),
         (
             "[[devices]]\nname = \"e\"\nkind = \"echo\"\nbackend = \"host\"\n".to_owned(),
-            "c.toml:4:11: field `devices.backend`: only a `kind = \"memory\"` device has a backend",
+            "c.toml:4:11: field `devices.backend`: only a `kind = \"memory\"` or \
+             `kind = \"kernel\"` device has a backend",
         ),
         (
             format!("{MEMORY_DEVICE}gpu = 1\n"),
@@ -911,4 +912,89 @@ fn the_registry_changes_only_at_a_restart() {
     .unwrap()
     .registry;
     assert_eq!(a.needs_restart_for(&b), vec!["registry"]);
+}
+
+const KERNEL_DEVICE: &str = "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nfunction = \"sum32\"\n";
+
+#[test]
+fn a_kernel_device_takes_its_function_and_the_defaults_of_its_path() {
+    let c = Config::parse(KERNEL_DEVICE, "c.toml").unwrap();
+    assert_eq!(c.devices[0].kind, DeviceKind::Kernel);
+    assert_eq!(
+        c.devices[0].kernel,
+        Some(KernelDeviceConfig {
+            function: KernelFunction::Sum32,
+            pio_threshold: DEFAULT_PIO_THRESHOLD,
+            tokens: DEFAULT_KERNEL_TOKENS,
+            stall_timeout_ms: DEFAULT_STALL_TIMEOUT_MS,
+            wait: KernelWait::Park,
+        })
+    );
+    let text = format!(
+        "{KERNEL_DEVICE}backend = \"emulated\"\npio_threshold = 0\ntokens = 256\n\
+         stall_timeout_ms = 10\nwait = \"busy\"\n"
+    );
+    let k = Config::parse(&text, "c.toml").unwrap().devices[0]
+        .kernel
+        .unwrap();
+    assert_eq!(
+        (k.pio_threshold, k.tokens, k.stall_timeout_ms, k.wait),
+        (0, 256, 10, KernelWait::Busy)
+    );
+    assert_eq!(
+        Config::parse(MEMORY_DEVICE, "c.toml").unwrap().devices[0].kernel,
+        None
+    );
+}
+
+#[test]
+fn kernel_settings_out_of_range_unknown_or_misplaced_are_refused_with_the_field() {
+    let cases = [
+        (
+            format!("{KERNEL_DEVICE}pio_threshold = 4097\n"),
+            "c.toml:5:17: field `devices.pio_threshold`: 4097 is out of range 0..=4096",
+        ),
+        (
+            format!("{KERNEL_DEVICE}tokens = 0\n"),
+            "c.toml:5:10: field `devices.tokens`: 0 is out of range 1..=256",
+        ),
+        (
+            format!("{KERNEL_DEVICE}stall_timeout_ms = 5\n"),
+            "c.toml:5:20: field `devices.stall_timeout_ms`: 5 is out of range 10..=60000 (1 minute)",
+        ),
+        (
+            format!("{KERNEL_DEVICE}wait = \"spin\"\n"),
+            "c.toml:5:8: field `devices.wait`: `spin`: expected \"park\" or \"busy\"",
+        ),
+        (
+            format!("{KERNEL_DEVICE}backend = \"rtl\"\n"),
+            "c.toml:5:11: field `devices.backend`: `rtl`: a kernel device's backend is \
+             \"emulated\" (RTL kernels are not served yet)",
+        ),
+        (
+            format!("{KERNEL_DEVICE}memory = 4096\n"),
+            "c.toml:5:10: field `devices.memory`: a kernel device has no memory of its own to serve",
+        ),
+        (
+            "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nfunction = \"fft\"\n".to_owned(),
+            "c.toml:4:12: field `devices.function`: `fft`: expected \"echo\" or \"sum32\" \
+             (or, for failure tests, \"stall\", \"panic\" or \"garbage\")",
+        ),
+        (
+            "[[devices]]\nname = \"k\"\nkind = \"kernel\"\n".to_owned(),
+            "c.toml:3:8: field `devices.function`: a kernel device needs `function` \
+             (\"echo\" or \"sum32\")",
+        ),
+        (
+            format!("{MEMORY_DEVICE}function = \"echo\"\n"),
+            "c.toml:5:12: field `devices.function`: only a `kind = \"kernel\"` device takes it",
+        ),
+        (
+            format!("{MEMORY_DEVICE}tokens = 4\n"),
+            "c.toml:5:10: field `devices.tokens`: only a `kind = \"kernel\"` device takes it",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(refused(&text).to_string(), want, "{text}");
+    }
 }

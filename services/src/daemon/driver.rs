@@ -23,9 +23,41 @@ use uniplane_overlay::{IoSlot, PlaneOp, PortId, PortKind};
 use super::observe::SetupHistogram;
 use super::underlay;
 use super::{ClientOutcome, DaemonError, Input, Shared, UnderlayChange};
-use crate::config::{MemoryBackend, UnderlayConfig};
+use crate::config::{DeviceKind, MemoryBackend, UnderlayConfig};
 use crate::control::{conn_spec, PeerRequest};
 use uniplane_overlay::PlaneReply;
+
+/// Watches kernel device `device` until it fails (then marks it down and
+/// has the core close its connections) or the daemon stops.
+async fn watch_kernel(
+    shared: Arc<Shared>,
+    kernel: Arc<crate::devices::kernel::KernelShared>,
+    name: String,
+    device: u16,
+) {
+    let mut watch =
+        crate::devices::kernel::Watch::new(Duration::from_millis(kernel.config().stall_timeout_ms));
+    let start = Instant::now();
+    let reason = loop {
+        tokio::time::sleep(watch.period()).await;
+        if let Some(reason) = kernel.down() {
+            break reason;
+        }
+        if kernel.stopped() {
+            return;
+        }
+        if let Some(reason) = watch.check(start.elapsed(), &kernel) {
+            kernel.mark_down(reason.clone());
+            break reason;
+        }
+    };
+    tracing::error!(device = %name, %reason, "kernel device down: closing its connections");
+    shared
+        .input(super::Input::Core(uniplane_control::Event::DeviceFailed {
+            device,
+        }))
+        .await;
+}
 
 /// How an attached port reaches its user. One per attach: the ring's
 /// size (its ends are cache-line aligned) does not matter here.
@@ -424,6 +456,23 @@ impl Driver {
                         Some(d) if d.backend != MemoryBackend::Host => {
                             (PlaneOp::Attach(spec), None)
                         }
+                        // A kernel has a thread of its own; the engine
+                        // drives the host end of its emulated path.
+                        Some(d) if d.kind == DeviceKind::Kernel => {
+                            let port = self
+                                .shared
+                                .kernel_ports
+                                .lock()
+                                .ok()
+                                .and_then(|mut p| p.remove(&spec.name));
+                            match port {
+                                Some(port) => {
+                                    let slot = IoSlot::new(Box::new(port));
+                                    (PlaneOp::AttachIo(spec, slot), Some(PortLink::Inline))
+                                }
+                                None => (PlaneOp::Attach(spec), None),
+                            }
+                        }
                         Some(d) => {
                             let slot = IoSlot::new(crate::devices::inline_port(d.kind, d.memory));
                             (PlaneOp::AttachIo(spec, slot), Some(PortLink::Inline))
@@ -451,6 +500,15 @@ impl Driver {
                 let Some(d) = self.shared.config.devices.iter().find(|d| d.name == name) else {
                     return;
                 };
+                if d.kind == DeviceKind::Kernel {
+                    // Only the software engine drives a kernel's host end.
+                    if let Some((_, k)) = self.shared.kernels.iter().find(|(n, _)| *n == name) {
+                        k.mark_down(format!(
+                            "a kernel device needs plane = \"engine\", not {}",
+                            self.shared.plane.kind()
+                        ));
+                    }
+                }
                 if d.backend != MemoryBackend::Host {
                     let memory = self
                         .shared
@@ -470,8 +528,18 @@ impl Driver {
                 let task = tokio::spawn(crate::devices::run(d.kind, d.memory, ring));
                 self.bridges.insert(port, task.abort_handle());
             }
-            // Runs inside the engine's thread.
-            (PortUse::Device { .. }, PortLink::Inline) => {}
+            // Runs inside the engine's thread; a kernel's host end does,
+            // and is watched from here.
+            (PortUse::Device { name, uid }, PortLink::Inline) => {
+                if let Some((_, k)) = self.shared.kernels.iter().find(|(n, _)| *n == name) {
+                    tokio::spawn(watch_kernel(
+                        self.shared.clone(),
+                        k.clone(),
+                        name,
+                        uid.device(),
+                    ));
+                }
+            }
             // Handed over with the answer to its attach.
             (PortUse::Process { .. }, link) => {
                 self.rings.insert(port, link);

@@ -85,6 +85,14 @@ pub enum DaemonError {
         /// Why.
         source: crate::devices::gpu::GpuError,
     },
+    /// A kernel device's emulated path or thread could not be set up.
+    #[error("device `{device}`: {source}")]
+    KernelDevice {
+        /// The device's name.
+        device: String,
+        /// Why.
+        source: crate::devices::kernel::KernelDeviceError,
+    },
     /// The naming service refused this daemon (another holds its server
     /// ID) or could not be set up.
     #[error("naming: {0}")]
@@ -210,6 +218,11 @@ struct Shared {
     gpu_memories: Mutex<std::collections::HashMap<String, crate::devices::gpu::GpuMemory>>,
     /// Each GPU memory device's counters and state, by name.
     gpu_stats: Vec<(String, Arc<crate::devices::gpu::GpuStats>)>,
+    /// Kernel devices' host ends, set up at the start, taken by their
+    /// device's port.
+    kernel_ports: Mutex<std::collections::HashMap<String, crate::devices::kernel::KernelPort>>,
+    /// Each kernel device's counters and state, by name.
+    kernels: Vec<(String, Arc<crate::devices::kernel::KernelShared>)>,
     /// The shared directory, when `[registry] kind = "etcd"`.
     naming: Option<crate::naming::etcd::Etcd>,
     /// Every peer: the configured ones, and those the directory added.
@@ -318,6 +331,23 @@ impl Daemon {
                 gpu_stats.push((d.name.clone(), stats));
             }
         }
+        // Kernel devices get their emulated path and thread now: a
+        // failure refuses the start with the reason.
+        let mut kernel_ports = std::collections::HashMap::new();
+        let mut kernels = Vec::new();
+        for d in &config.devices {
+            if let Some(k) = d.kernel {
+                let (port, shared) =
+                    crate::devices::kernel::open(&d.name, k).map_err(|source| {
+                        DaemonError::KernelDevice {
+                            device: d.name.clone(),
+                            source,
+                        }
+                    })?;
+                kernel_ports.insert(d.name.clone(), port);
+                kernels.push((d.name.clone(), shared));
+            }
+        }
         let naming = start_naming(&config).await?;
         let core_config = control_config(&config, &stacks);
         let (inputs, rx) = mpsc::channel(4096);
@@ -334,6 +364,8 @@ impl Daemon {
             security: security::Security::new(),
             gpu_memories: Mutex::new(gpu_memories),
             gpu_stats,
+            kernel_ports: Mutex::new(kernel_ports),
+            kernels,
             naming,
             roster: std::sync::RwLock::new(
                 config.peers.iter().map(|p| (p.server, p.clone())).collect(),

@@ -94,15 +94,26 @@ fn devices_json(shared: &super::Shared) -> serde_json::Value {
                 "name": d.name,
                 "kind": format!("{:?}", d.kind).to_lowercase(),
                 "memory": d.memory,
-                "backend": match d.backend { MemoryBackend::Host => "host", MemoryBackend::Gpu(_) => "gpu" },
+                "backend": match (d.kernel, d.backend) {
+                    (Some(_), _) => "emulated",
+                    (None, MemoryBackend::Host) => "host",
+                    (None, MemoryBackend::Gpu(_)) => "gpu",
+                },
                 "state": "up",
             });
+            if let Some((_, k)) = shared.kernels.iter().find(|(n, _)| *n == d.name) {
+                if let (Some(v), serde_json::Value::Object(s)) = (v.as_object_mut(), k.json()) {
+                    v.extend(s);
+                }
+            }
             if let MemoryBackend::Gpu(g) = d.backend {
                 v["gpu"] = json!(g.ordinal);
                 v["transfer"] = json!(g.transfer.name());
                 v["direct_from"] = json!(g.direct_from);
                 if let Some((_, stats)) = shared.gpu_stats.iter().find(|(n, _)| *n == d.name) {
-                    if let (Some(v), serde_json::Value::Object(s)) = (v.as_object_mut(), stats.json()) {
+                    if let (Some(v), serde_json::Value::Object(s)) =
+                        (v.as_object_mut(), stats.json())
+                    {
                         v.extend(s);
                     }
                 }

@@ -342,6 +342,27 @@ impl Control {
 
     /// Removes a connection from the state and tells its local process
     /// ends (and, when `tell_peer`, its peer) that it is gone.
+    /// Local device `device` failed: every connection with an end on it
+    /// is closed with `PeerFailed` and its other ends told.
+    pub(super) fn device_failed(&mut self, device: u16) {
+        let uid = Uid::new(self.config.server, device);
+        let mut gone: Vec<ConnKey> = self
+            .connections
+            .values()
+            .map(|c| c.key)
+            .filter(|k| k.src == uid || k.dst == uid)
+            .collect();
+        gone.sort_by_key(|k| (k.src, k.src_port, k.dst, k.dst_port));
+        tracing::warn!(%uid, closed = gone.len(), "a device failed");
+        if gone.is_empty() {
+            return;
+        }
+        for key in gone {
+            self.drop_connection(key, Status::PeerFailed, true);
+        }
+        self.sync(Then::nothing());
+    }
+
     pub(super) fn drop_connection(&mut self, key: ConnKey, status: Status, tell_peer: bool) {
         let Some(conn) = self.connections.remove(&key) else {
             return;

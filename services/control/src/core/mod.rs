@@ -537,6 +537,7 @@ impl Control {
                 dst,
                 ports,
             } => self.violation(server, src, dst, ports),
+            Event::DeviceFailed { device } => self.device_failed(device),
             Event::InboundTunnel {
                 tunnel,
                 from,

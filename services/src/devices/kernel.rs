@@ -1,0 +1,1349 @@
+//! Kernel devices (`[[devices]] kind = "kernel"`, `backend = "emulated"`):
+//! a [`Kernel`] on a thread of its own behind the PCIe-emulation path of
+//! `uniplane-shm`, reached from the engine like any device port.
+//!
+//! ```text
+//!  engine thread                                          kernel thread
+//!  KernelPort (PortIo) ── ≤ pio_threshold: PIO mailbox ──▶ KernelEnd: takes frame `seq`
+//!   push: request frame   > pio_threshold: FPGA Connect    from whichever path has it,
+//!   pop:  answer frames  ◀─ answers, by their size, ─────   runs Kernel::on_message,
+//!         back in order      the same two paths             frames the answers
+//! ```
+//!
+//! The host end is a [`PortIo`] the engine drives from its own thread
+//! ([`KernelPort`]): a request is framed ([`uniplane_kernel::wire`]) and
+//! written into the PIO mailbox when its payload is at most
+//! `pio_threshold` bytes, else into the kernel's FPGA Connect receive
+//! window, spending a token. Nothing there blocks: a full mailbox or no
+//! tokens holds the message back (one at most, counted in
+//! [`PortIo::free`]) and the engine's queues hold the rest — back-pressure
+//! up to the caller, never a drop. The kernel thread answers on the same
+//! two paths by the answer's size; both ends put the frames of the two
+//! paths back in order by their sequence numbers.
+//!
+//! Everything the kernel side writes is checked: a frame that does not
+//! decode, answers no request waiting, or comes out of order is counted
+//! (`garbage`) and dropped.
+//!
+//! Failures: a kernel that stops taking requests (tokens and mailbox
+//! slots run out) or answers none for `stall_timeout_ms` while requests
+//! wait, or whose thread dies, is declared failed by [`Watch`] (a daemon
+//! task samples it): the device is marked down (`uniplane status` says
+//! why), every request waiting and every later one is answered
+//! `PeerFailed`, and the daemon closes the device's connections with a
+//! notice. Other devices are not affected.
+//!
+//! One-sided WRTE/READ to a kernel are answered `OutOfRange` (it has no
+//! memory of its own yet): the DMA engine of `uniplane-shm` is not used.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use atomic_waker::AtomicWaker;
+use bytes::Bytes;
+use serde_json::json;
+use uniplane_dataplane::wire::{Header, MsgFlags, Params, PortParams, ReqType, Request, Status};
+use uniplane_dataplane::{Message, PortClosed, PortIo, Uid};
+use uniplane_kernel::wire::{earlier, pick, Frame, FrameKind, Pick, FRAME_HEADER_BYTES};
+use uniplane_kernel::{Emit, Kernel, KernelError};
+use uniplane_shm::connect::{ConnectConfig, ConnectPort, FRAME_HEADER_BYTES as CONNECT_HEADER};
+use uniplane_shm::mailbox::{MailboxReceiver, MailboxRegion, MailboxSender, Side, WaitPolicy};
+use uniplane_shm::ring::{RingLayout, CONTROL_BYTES, RECORD_HEADER};
+use uniplane_shm::sys::{memfd_name, SharedMemory};
+
+use crate::config::{DeviceKind, KernelDeviceConfig, KernelFunction, KernelWait};
+
+/// The one FPGA Connect connection between host and kernel: it carries
+/// every overlay connection (the kernel's `conn` is in the frame).
+const CONNECT_CONN: u16 = 0;
+/// Overlay connections a kernel device tells apart at once; beyond, the
+/// oldest slot is reused.
+const KERNEL_CONNS: usize = 256;
+/// Largest frame: a header and the largest payload.
+const MAX_FRAME: usize = FRAME_HEADER_BYTES + Message::MAX_PAYLOAD;
+
+/// Why a kernel device could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelDeviceError {
+    /// The shared memory of the emulated path could not be made.
+    #[error("kernel device: {0}")]
+    Setup(String),
+    /// No thread for the kernel.
+    #[error("kernel device: no thread for the kernel: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// What a kernel device did, shared by its host end, its kernel thread,
+/// the daemon's watch and `uniplane status`.
+#[derive(Debug, Default)]
+pub struct KernelStats {
+    /// Requests sent through the PIO mailbox.
+    pub pio_requests: AtomicU64,
+    /// Requests sent through FPGA Connect.
+    pub connect_requests: AtomicU64,
+    /// Answer frames received through the PIO mailbox.
+    pub pio_answers: AtomicU64,
+    /// Answer frames received through FPGA Connect.
+    pub connect_answers: AtomicU64,
+    /// Error answers of the kernel (a request it refused).
+    pub kernel_errors: AtomicU64,
+    /// Frames from the kernel refused (undecodable, out of order, for no
+    /// request waiting) and dropped.
+    pub garbage: AtomicU64,
+    /// Requests answered `PeerFailed` because the device was down.
+    pub failed_requests: AtomicU64,
+    /// Frames received from the kernel, garbage included: the sign of
+    /// life [`Watch`] looks at.
+    received: AtomicU64,
+    /// Whether requests wait for the kernel (sent or held back).
+    waiting: AtomicBool,
+}
+
+/// A kernel device's shared state.
+#[derive(Debug)]
+pub struct KernelShared {
+    /// Its counters.
+    pub stats: KernelStats,
+    config: KernelDeviceConfig,
+    down: Mutex<Option<String>>,
+    is_down: AtomicBool,
+    /// Set when the host end goes (or the device is down): the kernel
+    /// thread returns.
+    shutdown: AtomicBool,
+    /// Cleared when the kernel thread ends, panics included.
+    alive: AtomicBool,
+    /// The engine's waker, woken when the kernel answered or made room.
+    host_waker: AtomicWaker,
+    kernel_thread: OnceLock<Thread>,
+}
+
+impl KernelShared {
+    fn new(config: KernelDeviceConfig) -> KernelShared {
+        KernelShared {
+            stats: KernelStats::default(),
+            config,
+            down: Mutex::new(None),
+            is_down: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            alive: AtomicBool::new(true),
+            host_waker: AtomicWaker::new(),
+            kernel_thread: OnceLock::new(),
+        }
+    }
+
+    /// The device's settings.
+    pub fn config(&self) -> &KernelDeviceConfig {
+        &self.config
+    }
+
+    /// Why the device is down, or `None` while it serves.
+    pub fn down(&self) -> Option<String> {
+        self.down.lock().map(|d| d.clone()).unwrap_or(None)
+    }
+
+    /// Marks the device down for `reason` (the first reason stays): the
+    /// kernel thread is told to stop, and the host end answers every
+    /// waiting and later request `PeerFailed`.
+    pub fn mark_down(&self, reason: String) {
+        if let Ok(mut d) = self.down.lock() {
+            d.get_or_insert(reason);
+        }
+        self.is_down.store(true, Relaxed);
+        self.stop();
+        self.host_waker.wake();
+    }
+
+    /// Whether the device stopped: its host end went (the daemon stops)
+    /// or it was marked down.
+    pub fn stopped(&self) -> bool {
+        self.shutdown.load(Relaxed)
+    }
+
+    fn stop(&self) {
+        self.shutdown.store(true, Relaxed);
+        if let Some(t) = self.kernel_thread.get() {
+            t.unpark();
+        }
+    }
+
+    fn unpark_kernel(&self) {
+        if let Some(t) = self.kernel_thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// The counters and state as `uniplane status` shows them.
+    pub fn json(&self) -> serde_json::Value {
+        let n = |c: &AtomicU64| c.load(Relaxed);
+        let s = &self.stats;
+        let down = self.down();
+        json!({
+            "state": if down.is_some() { "down" } else { "up" },
+            "down_reason": down,
+            "function": self.config.function.name(),
+            "pio_threshold": self.config.pio_threshold,
+            "tokens": self.config.tokens,
+            "stall_timeout_ms": self.config.stall_timeout_ms,
+            "wait": match self.config.wait { KernelWait::Park => "park", KernelWait::Busy => "busy" },
+            "messages": {
+                "pio": n(&s.pio_requests),
+                "connect": n(&s.connect_requests),
+                "dma": 0,
+            },
+            "answers": {
+                "pio": n(&s.pio_answers),
+                "connect": n(&s.connect_answers),
+            },
+            "kernel_errors": n(&s.kernel_errors),
+            "garbage": n(&s.garbage),
+            "failed_requests": n(&s.failed_requests),
+        })
+    }
+}
+
+/// Decides when a kernel device has failed, on the time it is given: its
+/// thread died, or requests have waited `timeout` without a frame from
+/// the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Watch {
+    timeout: Duration,
+    seen: u64,
+    since: Duration,
+    waiting: bool,
+}
+
+impl Watch {
+    /// A watch that allows `timeout` of silence while requests wait.
+    pub fn new(timeout: Duration) -> Watch {
+        Watch {
+            timeout,
+            seen: 0,
+            since: Duration::ZERO,
+            waiting: false,
+        }
+    }
+
+    /// How often to [`Watch::observe`]: a quarter of the timeout.
+    pub fn period(&self) -> Duration {
+        (self.timeout / 4).max(Duration::from_millis(1))
+    }
+
+    /// What is seen at `now`: frames `received` from the kernel so far,
+    /// whether requests are `waiting`, whether its thread is `alive`.
+    /// `Some(reason)` once the device has failed.
+    pub fn observe(
+        &mut self,
+        now: Duration,
+        received: u64,
+        waiting: bool,
+        alive: bool,
+    ) -> Option<String> {
+        if !alive {
+            return Some("the kernel thread died".into());
+        }
+        // Silence counts from the first look that saw requests waiting.
+        let started = waiting && !self.waiting;
+        self.waiting = waiting;
+        if received != self.seen || !waiting || started {
+            self.seen = received;
+            self.since = now;
+            return None;
+        }
+        (now.saturating_sub(self.since) >= self.timeout).then(|| {
+            format!(
+                "the kernel answered nothing for {} ms while requests waited",
+                self.timeout.as_millis()
+            )
+        })
+    }
+
+    /// Samples `shared` (see [`Watch::observe`]).
+    pub fn check(&mut self, now: Duration, shared: &KernelShared) -> Option<String> {
+        self.observe(
+            now,
+            shared.stats.received.load(Relaxed),
+            shared.stats.waiting.load(Relaxed),
+            shared.alive.load(Relaxed),
+        )
+    }
+}
+
+/// The regions of one device's emulated path: a PIO mailbox and the two
+/// FPGA Connect receive windows.
+struct Path {
+    mailbox: MailboxRegion,
+    connect_memory: Arc<SharedMemory>,
+    windows: [RingLayout; 2],
+    connect: ConnectConfig,
+}
+
+impl Path {
+    fn new(config: &KernelDeviceConfig) -> Result<Path, KernelDeviceError> {
+        let setup = |e: &dyn std::fmt::Display| KernelDeviceError::Setup(e.to_string());
+        // One slot holds a whole PIO frame: a send never waits midway.
+        let slot = (config.pio_threshold + FRAME_HEADER_BYTES + 8).div_ceil(128) * 128;
+        let mailbox = MailboxRegion::create(1, slot).map_err(|e| setup(&e))?;
+        // A window holds every token's largest frame, and a record may
+        // take at most half of it.
+        let record = (RECORD_HEADER + CONNECT_HEADER + MAX_FRAME + 7) & !7;
+        let size = (record * config.tokens as usize)
+            .max(2 * record)
+            .next_power_of_two();
+        let connect_memory =
+            SharedMemory::create(&memfd_name("kernel-connect"), 2 * (CONTROL_BYTES + size))
+                .map_err(|e| setup(&e))?;
+        let window = |i: usize| RingLayout {
+            control: i * CONTROL_BYTES,
+            data: 2 * CONTROL_BYTES + i * size,
+            size,
+        };
+        Ok(Path {
+            mailbox,
+            connect_memory: Arc::new(connect_memory),
+            windows: [window(0), window(1)],
+            connect: ConnectConfig {
+                max_connections: 1,
+                tokens: config.tokens,
+                max_payload: MAX_FRAME,
+            },
+        })
+    }
+
+    /// Side A is the host, B the kernel; window 0 is the kernel's, 1 the host's.
+    fn end(&self, side: Side, wait: KernelWait) -> Option<End> {
+        let policy = match wait {
+            KernelWait::Busy => WaitPolicy::BusyPoll,
+            KernelWait::Park => WaitPolicy::default(),
+        };
+        let (tx, rx) = self.mailbox.endpoint(0, side, policy)?;
+        let (peer, own) = match side {
+            Side::A => (self.windows[0], self.windows[1]),
+            Side::B => (self.windows[1], self.windows[0]),
+        };
+        let mut connect = ConnectPort::new(self.connect, self.connect_memory.clone(), peer, own)?;
+        connect.protocol().open(CONNECT_CONN).ok()?;
+        let max = self.mailbox.slot_payload();
+        Some(End {
+            mailbox_tx: tx,
+            mailbox_rx: rx.with_max_message(max),
+            connect,
+            threshold: 0,
+            scratch: Vec::with_capacity(MAX_FRAME),
+            mailbox_head: Vec::with_capacity(max),
+            mailbox_has: false,
+            connect_head: None,
+            next_seq: 0,
+            expect: 0,
+            #[cfg(test)]
+            own_window: (self.connect_memory.clone(), own),
+        })
+    }
+}
+
+/// Which path a frame came by or goes by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    Pio,
+    Connect,
+}
+
+/// One side of the emulated path: sends frames by size, takes frames in
+/// order from both paths.
+struct End {
+    mailbox_tx: MailboxSender,
+    mailbox_rx: MailboxReceiver,
+    connect: ConnectPort,
+    threshold: usize,
+    scratch: Vec<u8>,
+    mailbox_head: Vec<u8>,
+    mailbox_has: bool,
+    connect_head: Option<Bytes>,
+    next_seq: u32,
+    expect: u32,
+    /// The window this side reads, for tests that corrupt it.
+    #[cfg(test)]
+    own_window: (Arc<SharedMemory>, RingLayout),
+}
+
+/// What [`End::next`] found.
+enum Next {
+    /// Frame `expect` arrived (its bytes: [`End::frame`]).
+    Frame(Via),
+    /// Bytes that are not a frame, dropped.
+    Garbage,
+    /// Nothing in order yet.
+    Empty,
+    /// A path's shared memory is corrupt (a mailbox slot or the Connect
+    /// window's control words): nothing more can be read from it.
+    Broken(String),
+}
+
+impl End {
+    /// Sends `frame` with `payload` by the payload's size: `Ok(Some(via))`
+    /// when sent, `Ok(None)` when the path has no room now.
+    fn send(&mut self, mut frame: Frame, payload: &[u8]) -> Result<Option<Via>, String> {
+        frame.seq = self.next_seq;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&frame.encode());
+        self.scratch.extend_from_slice(payload);
+        let via = if payload.len() <= self.threshold {
+            match self
+                .mailbox_tx
+                .send_deadline(&self.scratch, Some(Instant::now()))
+            {
+                Ok(()) => Via::Pio,
+                Err(uniplane_shm::mailbox::MailboxError::Timeout) => return Ok(None),
+                Err(e) => return Err(format!("PIO mailbox: {e}")),
+            }
+        } else {
+            let mut sent = self.connect.send(CONNECT_CONN, &self.scratch);
+            if matches!(sent, Ok(false)) {
+                // Tokens come back in ACKs in our own window: read it
+                // (data frames wait in their queue), then try again.
+                if let Err(e) = self.connect.poll() {
+                    return Err(format!("FPGA Connect: {e}"));
+                }
+                sent = self.connect.send(CONNECT_CONN, &self.scratch);
+            }
+            match sent {
+                Ok(true) => Via::Connect,
+                Ok(false) => return Ok(None),
+                Err(e) => return Err(format!("FPGA Connect: {e}")),
+            }
+        };
+        self.next_seq = self.next_seq.wrapping_add(1);
+        Ok(Some(via))
+    }
+
+    /// Sends raw bytes that are not a frame (the `garbage` kernel).
+    fn send_raw(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() <= self.threshold {
+            self.mailbox_tx
+                .send_deadline(bytes, Some(Instant::now()))
+                .is_ok()
+        } else {
+            self.connect.send(CONNECT_CONN, bytes).unwrap_or(false)
+        }
+    }
+
+    fn head_seq(bytes: &[u8]) -> Option<u32> {
+        Frame::decode(bytes).ok().map(|(f, _)| f.seq)
+    }
+
+    /// Looks at both paths for frame `expect`.
+    fn next(&mut self) -> Next {
+        if !self.mailbox_has && self.mailbox_rx.ready() {
+            let deadline = Instant::now() + Duration::from_millis(1);
+            match self
+                .mailbox_rx
+                .recv_deadline(&mut self.mailbox_head, Some(deadline))
+            {
+                Ok(_) if Frame::decode(&self.mailbox_head).is_ok() => self.mailbox_has = true,
+                // A message cut short: what arrived is dropped.
+                Ok(_) | Err(uniplane_shm::mailbox::MailboxError::Timeout) => return Next::Garbage,
+                // The slot stays as it is: it would be read again and again.
+                Err(e) => return Next::Broken(format!("PIO mailbox: {e}")),
+            }
+        }
+        if self.connect_head.is_none() {
+            if let Err(e) = self.connect.poll() {
+                return Next::Broken(format!("FPGA Connect: {e}"));
+            }
+            if let Some(b) = self.connect.take(CONNECT_CONN) {
+                if Frame::decode(&b).is_err() {
+                    return Next::Garbage;
+                }
+                self.connect_head = Some(b);
+            }
+        }
+        let a = self
+            .mailbox_has
+            .then(|| Self::head_seq(&self.mailbox_head))
+            .flatten();
+        let b = self.connect_head.as_deref().and_then(Self::head_seq);
+        // A frame from before the one expected can never be taken: it
+        // would block its path for good.
+        let stale =
+            |seq: Option<u32>| seq.is_some_and(|s| (s.wrapping_sub(self.expect) as i32) < 0);
+        if stale(a) {
+            self.mailbox_has = false;
+            return Next::Garbage;
+        }
+        if stale(b) {
+            self.connect_head = None;
+            return Next::Garbage;
+        }
+        let choice = match pick(self.expect, a, b) {
+            Pick::Skip => match (a, b) {
+                (Some(a), Some(b)) => earlier(self.expect, a, b),
+                _ => Pick::Wait,
+            },
+            p => p,
+        };
+        let via = match choice {
+            Pick::First => Via::Pio,
+            Pick::Second => Via::Connect,
+            _ => return Next::Empty,
+        };
+        // After a skip, frames before this one were lost: go on from it.
+        let seq = if via == Via::Pio { a } else { b };
+        self.expect = seq.unwrap_or(self.expect).wrapping_add(1);
+        Next::Frame(via)
+    }
+
+    /// The bytes of the frame [`End::next`] found on `via`.
+    fn frame(&self, via: Via) -> &[u8] {
+        match via {
+            Via::Pio => &self.mailbox_head,
+            Via::Connect => self.connect_head.as_deref().unwrap_or(&[]),
+        }
+    }
+
+    /// Done with the frame found on `via`.
+    fn consumed(&mut self, via: Via) {
+        match via {
+            Via::Pio => self.mailbox_has = false,
+            Via::Connect => self.connect_head = None,
+        }
+    }
+}
+
+/// A request sent to the kernel and not yet fully answered.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    request: u32,
+    header: Header,
+}
+
+/// The host end of a kernel device: a [`PortIo`] the engine drives.
+pub struct KernelPort {
+    shared: Arc<KernelShared>,
+    end: End,
+    in_flight: VecDeque<Waiting>,
+    max_in_flight: usize,
+    held: Option<Message>,
+    ready: VecDeque<Message>,
+    ready_capacity: usize,
+    conns: HashMap<(Uid, u16, u16), u16>,
+    conn_keys: Vec<Option<(Uid, u16, u16)>>,
+    next_conn: usize,
+    received: u64,
+    failed_over: bool,
+}
+
+impl std::fmt::Debug for KernelPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelPort")
+            .field("in_flight", &self.in_flight.len())
+            .field("held", &self.held.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for KernelPort {
+    fn drop(&mut self) {
+        self.shared.stop();
+    }
+}
+
+/// Sets up a kernel device `name`: its emulated path and its kernel
+/// thread (which waits for work). Returns the host end, for the engine,
+/// and the shared state.
+pub fn open(
+    name: &str,
+    config: KernelDeviceConfig,
+) -> Result<(KernelPort, Arc<KernelShared>), KernelDeviceError> {
+    let path = Path::new(&config)?;
+    let broken = || KernelDeviceError::Setup("the emulated path's regions do not fit".into());
+    let mut host = path.end(Side::A, config.wait).ok_or_else(broken)?;
+    let mut kernel = path.end(Side::B, config.wait).ok_or_else(broken)?;
+    host.threshold = config.pio_threshold;
+    kernel.threshold = config.pio_threshold;
+    let shared = Arc::new(KernelShared::new(config));
+    let max_in_flight = config.tokens as usize + 2;
+    let port = KernelPort {
+        shared: shared.clone(),
+        end: host,
+        in_flight: VecDeque::with_capacity(max_in_flight),
+        max_in_flight,
+        held: None,
+        ready: VecDeque::with_capacity(max_in_flight + 64),
+        ready_capacity: max_in_flight + 64,
+        conns: HashMap::with_capacity(KERNEL_CONNS),
+        conn_keys: vec![None; KERNEL_CONNS],
+        next_conn: 0,
+        received: 0,
+        failed_over: false,
+    };
+    let thread_shared = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("kernel-{name}"))
+        .spawn(move || {
+            let _alive = Alive(thread_shared.clone());
+            // Wait until the thread is known, so the host can wake it.
+            while thread_shared.kernel_thread.get().is_none() {
+                std::thread::park();
+            }
+            KernelEnd::new(thread_shared, kernel).run();
+        })?;
+    let _ = shared.kernel_thread.set(handle.thread().clone());
+    handle.thread().unpark();
+    Ok((port, shared))
+}
+
+/// Clears `alive` when the kernel thread ends, however it ends.
+struct Alive(Arc<KernelShared>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Relaxed);
+        self.0.host_waker.wake();
+    }
+}
+
+/// The reply header to a request with header `h`: back to its source, on
+/// its ports, same sequence number and flags (as the echo device).
+fn reply_header(h: &Header) -> Option<Header> {
+    let (src_port, dst_port) = h.request.ports()?;
+    let request = Request::new(
+        h.request.kind(),
+        Params::Port(PortParams {
+            flag: 0,
+            src_port: dst_port,
+            dst_port: src_port,
+        }),
+    )
+    .ok()?;
+    let mut reply = Header::new(h.dst, h.src, request);
+    reply.seqnum = h.seqnum;
+    reply.flags = h.flags;
+    Some(reply)
+}
+
+fn error_to(h: &Header, status: Status) -> Option<Message> {
+    Message::new(*h, Bytes::new()).ok()?.error_answer(status)
+}
+
+impl KernelPort {
+    fn is_down(&self) -> bool {
+        self.shared.is_down.load(Relaxed)
+    }
+
+    fn publish_waiting(&self) {
+        let waiting = !self.in_flight.is_empty() || self.held.is_some();
+        self.shared.stats.waiting.store(waiting, Relaxed);
+    }
+
+    /// The kernel connection of an overlay connection, given one on first
+    /// sight (the oldest is reused when all are taken).
+    fn conn_of(&mut self, h: &Header) -> u16 {
+        let Some((src_port, dst_port)) = h.request.ports() else {
+            return 0;
+        };
+        let key = (h.src, src_port, dst_port);
+        if let Some(&c) = self.conns.get(&key) {
+            return c;
+        }
+        let slot = self.next_conn;
+        self.next_conn = (slot + 1) % KERNEL_CONNS;
+        if let Some(old) = self.conn_keys[slot].replace(key) {
+            self.conns.remove(&old);
+        }
+        self.conns.insert(key, slot as u16);
+        slot as u16
+    }
+
+    fn forget_conn(&mut self, h: &Header) {
+        if let Some((src_port, dst_port)) = h.request.ports() {
+            if let Some(c) = self.conns.remove(&(h.src, src_port, dst_port)) {
+                self.conn_keys[c as usize] = None;
+            }
+        }
+    }
+
+    /// Sends `m` to the kernel, or gives it back when the path has no room.
+    fn try_send(&mut self, m: Message) -> Result<(), Message> {
+        if self.in_flight.len() >= self.max_in_flight {
+            return Err(m);
+        }
+        let header = *m.header();
+        let conn = self.conn_of(&header);
+        let request = self.end.next_seq;
+        let frame = Frame {
+            kind: FrameKind::Request,
+            code: 0,
+            conn,
+            request,
+            seq: request,
+        };
+        match self.end.send(frame, m.payload()) {
+            Ok(Some(via)) => {
+                let counter = match via {
+                    Via::Pio => &self.shared.stats.pio_requests,
+                    Via::Connect => &self.shared.stats.connect_requests,
+                };
+                counter.fetch_add(1, Relaxed);
+                self.in_flight.push_back(Waiting { request, header });
+                Ok(())
+            }
+            Ok(None) => Err(m),
+            Err(reason) => {
+                self.shared.mark_down(reason);
+                Err(m)
+            }
+        }
+    }
+
+    /// Sends the message held back, if the path has room now.
+    fn retry_held(&mut self) {
+        if let Some(m) = self.held.take() {
+            if let Err(m) = self.try_send(m) {
+                self.held = Some(m);
+            }
+        }
+    }
+
+    /// Once down: every request waiting or held is answered `PeerFailed`.
+    fn fail_over(&mut self) {
+        if self.failed_over {
+            return;
+        }
+        self.failed_over = true;
+        let held = self.held.take().map(|m| *m.header());
+        for h in self.in_flight.drain(..).map(|w| w.header).chain(held) {
+            self.shared.stats.failed_requests.fetch_add(1, Relaxed);
+            self.ready.extend(error_to(&h, Status::PeerFailed));
+        }
+        self.publish_waiting();
+    }
+
+    /// Takes what the kernel answered into `ready`, in order; first
+    /// sends the message held back if there is room now (the engine asks
+    /// for room only while it has more for this port, so the last one
+    /// held must go from here: the kernel wakes the engine's input side
+    /// when it makes room).
+    fn receive(&mut self) {
+        if self.is_down() {
+            self.fail_over();
+            return;
+        }
+        self.retry_held();
+        // Bounded: a kernel writing garbage as fast as it is read must not
+        // keep the engine here.
+        for _ in 0..self.ready_capacity {
+            if self.ready.len() >= self.ready_capacity {
+                break;
+            }
+            let via = match self.end.next() {
+                Next::Empty => break,
+                Next::Broken(reason) => {
+                    self.shared.mark_down(reason);
+                    self.fail_over();
+                    break;
+                }
+                Next::Garbage => {
+                    self.received += 1;
+                    self.shared.stats.garbage.fetch_add(1, Relaxed);
+                    continue;
+                }
+                Next::Frame(via) => via,
+            };
+            self.received += 1;
+            let answer = self.answer(via);
+            self.end.consumed(via);
+            match answer {
+                Some(Some(m)) => self.ready.push_back(m),
+                Some(None) => {}
+                None => {
+                    self.shared.stats.garbage.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        self.shared.stats.received.store(self.received, Relaxed);
+        self.publish_waiting();
+    }
+
+    /// The message an answer frame on `via` makes: `Some(None)` for a
+    /// frame that answers nothing (`Done`), `None` for garbage.
+    fn answer(&mut self, via: Via) -> Option<Option<Message>> {
+        let (frame, payload) = Frame::decode(self.end.frame(via)).ok()?;
+        if frame.kind == FrameKind::Request {
+            return None;
+        }
+        // Requests before the one answered will get no more answers.
+        while let Some(w) = self.in_flight.front() {
+            if (frame.request.wrapping_sub(w.request) as i32) > 0 {
+                self.in_flight.pop_front();
+            } else {
+                break;
+            }
+        }
+        let w = *self
+            .in_flight
+            .front()
+            .filter(|w| w.request == frame.request)?;
+        if frame.kind.ends_request() {
+            self.in_flight.pop_front();
+        }
+        let counter = match via {
+            Via::Pio => &self.shared.stats.pio_answers,
+            Via::Connect => &self.shared.stats.connect_answers,
+        };
+        counter.fetch_add(1, Relaxed);
+        Some(match frame.kind {
+            FrameKind::Answer | FrameKind::Last => {
+                let header = reply_header(&w.header)?;
+                Some(Message::new(header, Bytes::copy_from_slice(payload)).ok()?)
+            }
+            FrameKind::Error => {
+                self.shared.stats.kernel_errors.fetch_add(1, Relaxed);
+                error_to(&w.header, Status::BadRequest)
+            }
+            FrameKind::Done | FrameKind::Request => None,
+        })
+    }
+}
+
+impl PortIo for KernelPort {
+    fn peek(&mut self) -> Option<&Message> {
+        if self.ready.is_empty() {
+            self.receive();
+        }
+        self.ready.front()
+    }
+
+    fn pop(&mut self) -> Option<Message> {
+        if self.ready.is_empty() {
+            self.receive();
+        }
+        self.ready.pop_front()
+    }
+
+    fn available(&mut self) -> usize {
+        self.receive();
+        self.ready.len()
+    }
+
+    /// Returns the kernel's tokens (and makes room for its answers).
+    fn release(&mut self) {
+        if !self.is_down() {
+            let _ = self.end.connect.poll();
+            self.shared.unpark_kernel();
+        }
+    }
+
+    fn poll_available(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        self.receive();
+        if !self.ready.is_empty() {
+            return Poll::Ready(true);
+        }
+        self.shared.host_waker.register(cx.waker());
+        self.receive();
+        if self.ready.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(true)
+        }
+    }
+
+    fn free(&mut self) -> usize {
+        if self.is_down() {
+            self.fail_over();
+            return self.ready_capacity.saturating_sub(self.ready.len());
+        }
+        self.retry_held();
+        if self.held.is_some() {
+            return 0;
+        }
+        self.max_in_flight
+            .saturating_sub(self.in_flight.len())
+            .max(1)
+    }
+
+    fn push(&mut self, m: Message) -> Result<(), Message> {
+        if self.is_down() {
+            self.fail_over();
+            if self.ready.len() >= self.ready_capacity {
+                return Err(m);
+            }
+            if let Some(a) = m.error_answer(Status::PeerFailed) {
+                self.shared.stats.failed_requests.fetch_add(1, Relaxed);
+                self.ready.push_back(a);
+            }
+            return Ok(());
+        }
+        let kind = m.header().request.kind();
+        let data = matches!(kind, ReqType::Send | ReqType::Push)
+            && !m.header().flags.contains(MsgFlags::ERROR)
+            && matches!(m.header().request.params(), Params::Port(_));
+        if !data {
+            // Connection control and one-sided requests: as any device
+            // with no memory answers them.
+            if kind == ReqType::Close {
+                self.forget_conn(m.header());
+            }
+            if self.ready.len() >= self.ready_capacity {
+                return Err(m);
+            }
+            let mut none = super::Memory::new(0);
+            self.ready
+                .extend(super::handle(DeviceKind::Kernel, &mut none, m));
+            return Ok(());
+        }
+        if self.held.is_some() {
+            return Err(m);
+        }
+        if let Err(m) = self.try_send(m) {
+            self.held = Some(m);
+        }
+        self.publish_waiting();
+        Ok(())
+    }
+
+    /// Rings the kernel thread, once per burst.
+    fn flush(&mut self) {
+        self.retry_held();
+        self.shared.unpark_kernel();
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        if self.free() > 0 {
+            return Poll::Ready(Ok(()));
+        }
+        self.shared.host_waker.register(cx.waker());
+        self.shared.unpark_kernel();
+        if self.free() > 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// The port stays while the daemon runs: a device that failed answers
+    /// `PeerFailed`.
+    fn is_closed(&mut self) -> bool {
+        false
+    }
+}
+
+/// One answer a kernel emitted: its connection, and the range of its
+/// bytes in [`Answers::bytes`] or its error code.
+type Emitted = (u16, Result<(usize, usize), u8>);
+
+/// What a kernel emitted for one request: answers in one buffer.
+#[derive(Default)]
+struct Answers {
+    bytes: Vec<u8>,
+    items: Vec<Emitted>,
+}
+
+impl Emit for Answers {
+    fn answer(&mut self, conn: u16, payload: &[u8]) {
+        if payload.len() > Message::MAX_PAYLOAD {
+            let error = KernelError::AnswerTooLarge { len: payload.len() };
+            self.items.push((conn, Err(error.code())));
+            return;
+        }
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(payload);
+        self.items.push((conn, Ok((start, self.bytes.len()))));
+    }
+
+    fn error(&mut self, conn: u16, error: KernelError) {
+        self.items.push((conn, Err(error.code())));
+    }
+}
+
+/// The kernel thread's end: takes requests in order, runs the kernel,
+/// sends its answers.
+struct KernelEnd {
+    shared: Arc<KernelShared>,
+    function: KernelFunction,
+    kernel: Option<Box<dyn Kernel>>,
+    end: End,
+    answers: Answers,
+    /// Next answer of `answers` to send, and the request they answer.
+    sending: usize,
+    request: u32,
+}
+
+impl KernelEnd {
+    fn new(shared: Arc<KernelShared>, end: End) -> KernelEnd {
+        let function = shared.config.function;
+        KernelEnd {
+            kernel: uniplane_kernel::by_name(function.name()),
+            function,
+            shared,
+            end,
+            answers: Answers::default(),
+            sending: 0,
+            request: 0,
+        }
+    }
+
+    fn run(mut self) {
+        let mut idle = 0u32;
+        while !self.shared.shutdown.load(Relaxed) {
+            if self.function == KernelFunction::Stall {
+                std::thread::park();
+                continue;
+            }
+            if self.step() {
+                idle = 0;
+                self.shared.host_waker.wake();
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            match self.shared.config.wait {
+                KernelWait::Busy => std::hint::spin_loop(),
+                KernelWait::Park if idle < 2000 => std::hint::spin_loop(),
+                // The host rings after each burst; the timeout only bounds
+                // a lost ring.
+                KernelWait::Park => std::thread::park_timeout(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// Sends pending answers, else takes and runs the next request:
+    /// whether anything moved.
+    fn step(&mut self) -> bool {
+        if self.sending < self.answers.items.len() || self.sending == usize::MAX {
+            return self.send_answers();
+        }
+        let via = match self.end.next() {
+            Next::Frame(via) => via,
+            // The host's own frames: never garbage unless memory broke.
+            Next::Garbage => return true,
+            Next::Empty => return false,
+            Next::Broken(reason) => {
+                self.shared.mark_down(reason);
+                return false;
+            }
+        };
+        let bytes = self.end.frame(via);
+        let Ok((frame, payload)) = Frame::decode(bytes) else {
+            self.end.consumed(via);
+            return true;
+        };
+        self.answers.bytes.clear();
+        self.answers.items.clear();
+        self.request = frame.request;
+        match self.function {
+            KernelFunction::Panic => panic!("kernel function `panic` panicked, as configured"),
+            KernelFunction::Garbage => {
+                self.end.consumed(via);
+                // Too short to be a frame, then a header of no kind.
+                let _ = self.end.send_raw(&[0xee; 5]);
+                let _ = self.end.send_raw(&[0x7f; FRAME_HEADER_BYTES]);
+                return true;
+            }
+            _ => {}
+        }
+        if let Some(k) = self.kernel.as_mut() {
+            k.on_message(frame.conn, payload, &mut self.answers);
+        }
+        self.end.consumed(via);
+        // Give the tokens back at once: the request is taken.
+        let _ = self.end.connect.poll();
+        self.sending = if self.answers.items.is_empty() {
+            usize::MAX
+        } else {
+            0
+        };
+        self.send_answers();
+        true
+    }
+
+    /// Sends the answers not yet sent (a `Done` when there are none):
+    /// whether one went.
+    fn send_answers(&mut self) -> bool {
+        let mut moved = false;
+        if self.sending == usize::MAX {
+            let done = Frame {
+                kind: FrameKind::Done,
+                code: 0,
+                conn: 0,
+                request: self.request,
+                seq: 0,
+            };
+            return match self.end.send(done, &[]) {
+                Ok(Some(_)) => {
+                    self.sending = 0;
+                    self.answers.items.clear();
+                    true
+                }
+                _ => false,
+            };
+        }
+        while self.sending < self.answers.items.len() {
+            let last = self.sending + 1 == self.answers.items.len();
+            let (conn, item) = self.answers.items[self.sending];
+            let (kind, code, range) = match item {
+                Ok(r) if last => (FrameKind::Last, 0, r),
+                Ok(r) => (FrameKind::Answer, 0, r),
+                Err(code) => (FrameKind::Error, code, (0, 0)),
+            };
+            let frame = Frame {
+                kind,
+                code,
+                conn,
+                request: self.request,
+                seq: 0,
+            };
+            let payload = &self.answers.bytes[range.0..range.1];
+            match self.end.send(frame, payload) {
+                Ok(Some(_)) => {
+                    self.sending += 1;
+                    moved = true;
+                }
+                Ok(None) => break,
+                Err(reason) => {
+                    self.shared.mark_down(reason);
+                    break;
+                }
+            }
+        }
+        moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(function: KernelFunction) -> KernelDeviceConfig {
+        KernelDeviceConfig {
+            function,
+            pio_threshold: 256,
+            tokens: 4,
+            stall_timeout_ms: 1000,
+            wait: KernelWait::Park,
+        }
+    }
+
+    #[test]
+    fn a_watch_fails_a_device_only_after_the_timeout_of_silence_with_requests_waiting() {
+        let ms = Duration::from_millis;
+        let mut w = Watch::new(ms(100));
+        assert_eq!(w.observe(ms(0), 0, false, true), None);
+        assert_eq!(w.observe(ms(500), 0, false, true), None, "idle is fine");
+        assert_eq!(w.observe(ms(510), 0, true, true), None, "waiting starts");
+        assert_eq!(w.observe(ms(600), 0, true, true), None);
+        assert_eq!(w.observe(ms(605), 1, true, true), None, "an answer came");
+        assert_eq!(w.observe(ms(700), 1, true, true), None);
+        assert!(w.observe(ms(705), 1, true, true).is_some(), "100 ms silent");
+    }
+
+    #[test]
+    fn a_watch_fails_a_device_whose_thread_died_at_once() {
+        let mut w = Watch::new(Duration::from_secs(60));
+        let reason = w.observe(Duration::ZERO, 0, false, false).unwrap();
+        assert!(reason.contains("died"), "{reason}");
+    }
+
+    fn uid(s: &str) -> Uid {
+        s.parse().unwrap()
+    }
+
+    fn request(len: usize, seq: u32) -> Message {
+        let payload: Vec<u8> = (0..len).map(|i| (i * 7 + seq as usize) as u8).collect();
+        let mut m = Message::send(
+            uid("1.1.1.1:5").port(9),
+            uid("1.1.1.1:3").port(7),
+            Bytes::from(payload),
+        )
+        .unwrap();
+        m.set_seqnum(seq);
+        m
+    }
+
+    /// Pops answers until `n` came, waiting on the kernel thread with a bound.
+    fn answers(port: &mut KernelPort, n: usize) -> Vec<Message> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} answers",
+                got.len()
+            );
+            match port.pop() {
+                Some(m) => got.push(m),
+                None => {
+                    port.release();
+                    std::thread::yield_now();
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn an_echo_kernel_answers_in_order_whatever_path_each_message_took() {
+        let (mut port, shared) = open("t", config(KernelFunction::Echo)).unwrap();
+        let sizes = [4usize, 5000, 8, 300, 256, 257, 0, 65_535];
+        let mut sent = Vec::new();
+        let mut got = Vec::new();
+        for (i, len) in sizes.into_iter().enumerate() {
+            let m = request(len, i as u32);
+            sent.push(m.payload().clone());
+            assert!(port.free() > 0);
+            port.push(m).unwrap();
+            port.flush();
+            got.extend(answers(&mut port, 1));
+        }
+        for (i, (a, want)) in got.iter().zip(&sent).enumerate() {
+            assert_eq!(a.header().seqnum, i as u32);
+            assert_eq!(a.payload(), want, "answer {i}");
+            assert_eq!(a.header().dst, uid("1.1.1.1:5"));
+            assert_eq!(a.header().request.ports(), Some((7, 9)));
+        }
+        let s = &shared.stats;
+        assert_eq!(s.pio_requests.load(Relaxed), 4, "4, 8, 256 and 0 bytes");
+        assert_eq!(s.connect_requests.load(Relaxed), 4, "above 256 bytes");
+        assert_eq!(s.garbage.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn pipelined_messages_come_back_in_order_and_a_full_path_holds_back() {
+        for tokens in [1, 4] {
+            pipelined(KernelDeviceConfig {
+                tokens,
+                ..config(KernelFunction::Echo)
+            });
+        }
+    }
+
+    /// 200 messages, two of every three large, as many in flight as the
+    /// path takes.
+    fn pipelined(config: KernelDeviceConfig) {
+        let (mut port, _shared) = open("t", config).unwrap();
+        let mut next = 0u32;
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.len() < 200 {
+            assert!(Instant::now() < deadline, "{} answers", got.len());
+            while next < 200 && port.free() > 0 {
+                let len = if next.is_multiple_of(3) { 16 } else { 9000 };
+                match port.push(request(len, next)) {
+                    Ok(()) => next += 1,
+                    Err(_) => break,
+                }
+            }
+            port.flush();
+            while let Some(m) = port.pop() {
+                got.push(m);
+            }
+            port.release();
+        }
+        let order: Vec<u32> = got.iter().map(|m| m.header().seqnum).collect();
+        assert_eq!(order, (0..200).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_last_message_held_back_goes_once_the_kernel_makes_room() {
+        let (mut port, shared) = open("t", config(KernelFunction::Echo)).unwrap();
+        // Fill the path without reading answers, until one is held back.
+        let mut pushed = 0u32;
+        while shared.stats.pio_requests.load(Relaxed) + shared.stats.connect_requests.load(Relaxed)
+            == u64::from(pushed)
+        {
+            assert!(pushed < 1000, "nothing was ever held back");
+            port.push(request(9000, pushed)).unwrap();
+            pushed += 1;
+        }
+        port.flush();
+        // The engine has nothing more for this port: it only reads answers.
+        let got = answers(&mut port, pushed as usize);
+        let order: Vec<u32> = got.iter().map(|m| m.header().seqnum).collect();
+        assert_eq!(order, (0..pushed).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn sum32_errors_are_answered_bad_request_to_the_caller() {
+        let (mut port, shared) = open("t", config(KernelFunction::Sum32)).unwrap();
+        port.push(request(7, 1)).unwrap();
+        port.flush();
+        let a = answers(&mut port, 1).remove(0);
+        assert_eq!(a.header().status(), Status::BadRequest);
+        assert_eq!(a.header().dst, uid("1.1.1.1:5"));
+        assert_eq!(shared.stats.kernel_errors.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn an_answer_longer_than_a_message_becomes_an_error_not_a_cut_answer() {
+        let mut a = Answers::default();
+        a.answer(1, &vec![0; Message::MAX_PAYLOAD + 1]);
+        a.answer(2, b"ok");
+        assert_eq!(a.items[0], (1, Err(3)));
+        assert_eq!(a.items[1], (2, Ok((0, 2))));
+    }
+
+    #[test]
+    fn a_frame_from_before_the_one_expected_is_dropped_not_left_blocking_its_path() {
+        let (mut port, _shared) = open("t", config(KernelFunction::Stall)).unwrap();
+        // Expect answer 5: a frame numbered 3 on the mailbox is stale.
+        port.end.expect = 5;
+        let stale = Frame {
+            kind: FrameKind::Done,
+            code: 0,
+            conn: 0,
+            request: 0,
+            seq: 3,
+        };
+        port.end.mailbox_head = stale.encode().to_vec();
+        port.end.mailbox_has = true;
+        assert!(matches!(port.end.next(), Next::Garbage));
+        assert!(!port.end.mailbox_has, "the path is free again");
+    }
+
+    #[test]
+    fn a_corrupt_connect_window_marks_the_device_down_instead_of_spinning() {
+        let (mut port, shared) = open("t", config(KernelFunction::Stall)).unwrap();
+        port.push(request(16, 1)).unwrap();
+        // The kernel side scribbles over the control words of the host's
+        // window (the kernel writes it): its tail runs past the data.
+        let (memory, window) = &port.end.own_window;
+        assert!(memory.write(window.control, &[0xff; 8]));
+        assert_eq!(port.available(), 1, "the waiting request is failed");
+        assert!(shared.down().unwrap().contains("FPGA Connect"));
+        assert_eq!(port.pop().unwrap().header().status(), Status::PeerFailed);
+    }
+
+    #[test]
+    fn garbage_from_the_kernel_is_counted_and_dropped() {
+        let (mut port, shared) = open("t", config(KernelFunction::Garbage)).unwrap();
+        port.push(request(8, 1)).unwrap();
+        port.flush();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.stats.garbage.load(Relaxed) < 2 {
+            assert!(Instant::now() < deadline, "garbage not seen");
+            assert!(port.pop().is_none(), "garbage became an answer");
+            std::thread::yield_now();
+        }
+        assert!(port.pop().is_none());
+    }
+
+    #[test]
+    fn a_device_marked_down_answers_waiting_and_later_requests_peer_failed() {
+        let (mut port, shared) = open("t", config(KernelFunction::Stall)).unwrap();
+        let mut pushed = 0;
+        while port.free() > 0 && pushed < 100 {
+            port.push(request(16, pushed)).unwrap();
+            pushed += 1;
+        }
+        assert!(pushed < 100, "a stalled kernel pushes back");
+        assert!(shared.stats.waiting.load(Relaxed));
+        shared.mark_down("test".into());
+        port.push(request(16, 1000)).unwrap();
+        let failed = answers(&mut port, pushed as usize + 1);
+        assert!(failed
+            .iter()
+            .all(|m| m.header().status() == Status::PeerFailed));
+        assert_eq!(shared.down().as_deref(), Some("test"));
+    }
+}
