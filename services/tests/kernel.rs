@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::Value;
 use uniplane_dataplane::{Endpoint, LinkError};
-use uniplane_services::client::{embedded, Client};
+use uniplane_services::client::{embedded, Client, Session};
 use uniplane_services::config::Config;
 use uniplane_services::control::Request;
 
@@ -68,6 +68,16 @@ fn sum32(payload: &[u8]) -> u32 {
         .fold(0, u32::wrapping_add)
 }
 
+/// An application attached to the daemon whose sockets are in `dir`.
+async fn app(dir: &Path) -> Session {
+    Client::connect(dir)
+        .await
+        .unwrap()
+        .attach("app")
+        .await
+        .unwrap()
+}
+
 /// The device `name` in `uniplane status`.
 async fn device(client: &Client, name: &str) -> Value {
     let status = client.request(&Request::Status).await.unwrap();
@@ -102,12 +112,7 @@ async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large
     )
     .await
     .unwrap();
-    let session = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap();
+    let session = app(&dir).await;
     let mut echo = session.connect(at(2)).await.unwrap();
     let mut sum = session.connect(at(3)).await.unwrap();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -170,12 +175,7 @@ async fn pipelined_messages_on_both_paths_come_back_in_the_order_sent() {
     let (_daemon, client) = embedded(config(&[kernel(2, "echo", "tokens = 2\n")]), &dir)
         .await
         .unwrap();
-    let session = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap();
+    let session = app(&dir).await;
     let mut conn = session.connect(at(2)).await.unwrap();
     let mut rng = Rng(42);
     let sent: Vec<Vec<u8>> = (0..300)
@@ -215,12 +215,7 @@ async fn sum32_refuses_a_payload_of_partial_words_and_the_connection_goes_on() {
     let (_daemon, client) = embedded(config(&[kernel(2, "sum32", "")]), &dir)
         .await
         .unwrap();
-    let session = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap();
+    let session = app(&dir).await;
     let mut conn = session.connect(at(2)).await.unwrap();
     conn.send_bytes(Bytes::from_static(&[1, 2, 3, 4, 5]))
         .await
@@ -274,12 +269,7 @@ async fn a_kernel_that_stops_consuming_is_marked_down_and_its_connection_closed(
     let (_daemon, client) = embedded(config(&[stall, kernel(3, "echo", "")]), &dir)
         .await
         .unwrap();
-    let session = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap();
+    let session = app(&dir).await;
     let mut conn = session.connect(at(2)).await.unwrap();
     // More than its tokens and mailbox slots: the rest waits upstream.
     for len in [8usize, 8, 8, 1000, 1000, 1000, 8] {
@@ -309,12 +299,7 @@ async fn a_kernel_thread_that_dies_is_marked_down_and_its_connection_closed() {
     )
     .await
     .unwrap();
-    let session = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap();
+    let session = app(&dir).await;
     let mut conn = session.connect(at(2)).await.unwrap();
     conn.send_bytes(Bytes::from_static(b"boom")).await.unwrap();
     assert!(until_closed(&mut conn).await, "the request is failed");
@@ -331,12 +316,7 @@ async fn garbage_from_a_kernel_is_counted_and_dropped() {
     let (_daemon, client) = embedded(config(&[garbage, kernel(3, "echo", "")]), &dir)
         .await
         .unwrap();
-    let session = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap();
+    let session = app(&dir).await;
     let mut conn = session.connect(at(2)).await.unwrap();
     conn.send_bytes(Bytes::from_static(b"x")).await.unwrap();
     let d = status_until(&client, "k2", |d| d["garbage"].as_u64() >= Some(2)).await;
