@@ -168,15 +168,20 @@ pub fn run_devices(cfg: &DevicesConfig) -> Result<Value, BenchError> {
     result
 }
 
-fn measure(cfg: &DevicesConfig, dir: &Path) -> Result<Value, BenchError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The runtime an embedded daemon of these benchmarks runs on.
+fn daemon_runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|source| BenchError::Thread {
             what: "daemon",
             source,
-        })?;
+        })
+}
+
+fn measure(cfg: &DevicesConfig, dir: &Path) -> Result<Value, BenchError> {
+    let runtime = daemon_runtime()?;
     let config = daemon_config(cfg, dir)?;
     let (_daemon, client, session) = runtime.block_on(async {
         let (daemon, client) = uniplane_services::client::embedded(config, dir)
@@ -458,14 +463,7 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
         .map_err(|e| BenchError::Config(format!("the daemon's configuration: {e}")))?;
     config.runtime_dir = Some(dir.to_owned());
     let threshold = config.devices[0].kernel.map_or(0, |k| k.pio_threshold);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|source| BenchError::Thread {
-            what: "daemon",
-            source,
-        })?;
+    let rt = daemon_runtime()?;
     let (hist, echo_hist, counters) = rt.block_on(async {
         let (_daemon, client) = uniplane_services::client::embedded(config, dir)
             .await
