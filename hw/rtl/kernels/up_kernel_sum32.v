@@ -115,15 +115,18 @@ function [31:0] le_word;
     end
 endfunction
 
+// The beat's words that count, added as a tree (three adders deep), then
+// to the running sum.
 wire [7:0] words = s_tlast ? last_words : 8'hff;
-reg  [31:0] beat_sum;
+reg  [255:0] w;   // word k at [32*k +: 32]
 integer k;
 always @* begin
-    beat_sum = acc;
     for (k = 0; k < 8; k = k + 1) begin
-        if (words[k]) beat_sum = beat_sum + le_word(s_tdata, k);
+        w[32*k +: 32] = words[k] ? le_word(s_tdata, k) : 32'd0;
     end
 end
+wire [31:0] beat_sum = acc + (((w[31:0] + w[63:32]) + (w[95:64] + w[127:96]))
+                           + ((w[159:128] + w[191:160]) + (w[223:192] + w[255:224])));
 
 // The sum beat: 4 little-endian bytes, then zero padding.
 function [255:0] sum_beat;
