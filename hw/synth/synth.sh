@@ -26,6 +26,8 @@ configs=(
   "underlay_m2|up_underlay|"
   "top_n4|uniplane_top|"
   "top_n8|uniplane_top|N=8"
+  "kernel_echo|up_kernel_echo|"
+  "kernel_sum32|up_kernel_sum32|"
 )
 
 count() { # file cell-regex
@@ -39,7 +41,7 @@ for c in "${configs[@]}"; do
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   chp=""
   for p in $params; do chp+="chparam -set ${p%%=*} ${p#*=} $top; "; done
-  read_src="read_verilog -I$rtl $(ls "$rtl"/*.v | tr '\n' ' '); $chp hierarchy -top $top;"
+  read_src="read_verilog -I$rtl $(ls "$rtl"/*.v "$rtl"/kernels/*.v | tr '\n' ' '); $chp hierarchy -top $top;"
   yosys -q -l "$out/$name.generic.log" -p "$read_src synth -top $top -flatten -run begin:fine; select -set fifos t:\\\$mem_v2 r:WIDTH>200 %i; memory_map @fifos %n; opt -fast -full; techmap; opt -fast; abc -fast; opt -fast; tee -o $out/$name.generic.stat stat" >/dev/null 2>&1
   yosys -q -l "$out/$name.xilinx.log" -p "$read_src synth_xilinx -top $top -flatten; tee -o $out/$name.xilinx.stat stat" >/dev/null 2>&1
   g="$out/$name.generic.stat"; x="$out/$name.xilinx.stat"

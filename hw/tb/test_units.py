@@ -69,3 +69,8 @@ def test_demux(m):
 @pytest.mark.parametrize("n,res,pool", [(2, 1, 0), (2, 2, 3), (4, 2, 8), (4, 8, 40), (8, 4, 32)])
 def test_voq_buf(n, res, pool):
     run("up_voq_buf", "tb_voq_buf", {"N": n, "W": 32, "RES": res, "POOL": pool}, ["up_voq_buf.v"])
+
+
+@pytest.mark.parametrize("kernel", ["echo", "sum32"])
+def test_kernel(kernel):
+    run(f"up_kernel_{kernel}", "tb_kernels", {}, [f"kernels/up_kernel_{kernel}.v", "up_skid.v"])

@@ -1,5 +1,6 @@
 //! `verilator --lint-only -Wall` passes on `uniplane_top` for every port
-//! count the design supports, and on each table size extreme.
+//! count the design supports, and on each table size extreme; and on each
+//! kernel of `rtl/kernels/`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,6 +29,33 @@ fn lint(params: &[&str]) {
         "verilator --lint-only -Wall {params:?}:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Lints the kernel `top` (in `rtl/kernels/`) with the modules it uses.
+fn lint_kernel(top: &str) {
+    let dir = rtl_dir();
+    let out = Command::new("verilator")
+        .args(["--lint-only", "-Wall", "--top-module", top])
+        .arg(format!("-I{}", dir.display()))
+        .arg(dir.join("kernels").join(format!("{top}.v")))
+        .arg(dir.join("up_skid.v"))
+        .output()
+        .expect("verilator runs (the build needed it too)");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "verilator --lint-only -Wall {top}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_echo_kernel_is_lint_clean() {
+    lint_kernel("up_kernel_echo");
+}
+
+#[test]
+fn the_sum32_kernel_is_lint_clean() {
+    lint_kernel("up_kernel_sum32");
 }
 
 #[test]
