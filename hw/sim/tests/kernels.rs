@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use uniplane_dataplane::wire::{Header, Params, PortParams, Request, Status};
 use uniplane_dataplane::{Message, SplitMix64, Uid};
-use uniplane_hw_sim::{Model, RtlDevice, Stream};
+use uniplane_hw_sim::{Model, RtlDevice, Stream, Traffic};
 use uniplane_overlay::acl::AclRule;
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{ForwardingPlane, PortId};
@@ -188,6 +188,23 @@ fn echo_and_sum32_answer_random_sends_byte_exact_through_the_crossbar() {
     let msgs = messages(18, n, &[ECHO, SUM32], payload_len);
     let cycles = run_and_check(&mut dev, &msgs);
     report("echo and sum32, mixed", &msgs, cycles);
+}
+
+#[test]
+fn answers_stay_byte_exact_with_idle_input_and_back_pressure_on_port_0() {
+    let mut dev = device();
+    dev.set_traffic(Traffic {
+        input_idle: 0.2,
+        output_stall: 0.5,
+        seed: 18,
+    });
+    let msgs = messages(7, 2_000, &[ECHO, SUM32], payload_len);
+    let cycles = run_and_check(&mut dev, &msgs);
+    report(
+        "echo and sum32, 20 % idle in, 50 % stalled out",
+        &msgs,
+        cycles,
+    );
 }
 
 #[test]
