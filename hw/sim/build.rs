@@ -1,5 +1,6 @@
-//! Builds the Verilator models of `hw/rtl/uniplane_top.v` and the C shim
-//! the crate drives them through.
+//! Builds the Verilator models of `hw/rtl/uniplane_top.v` (and of
+//! `hw/rtl/kernels/up_top_kernels.v`, the plane with kernels on two of its
+//! ports) and the C shim the crate drives them through.
 //!
 //! Verilator 5.006 builds its runtime library only for `--exe` builds, so
 //! this script compiles `verilated.cpp` and `verilated_threads.cpp` itself
@@ -10,10 +11,35 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The models: shim prefix, parameter overrides.
-const MODELS: &[(&str, &[&str])] = &[
-    ("up_n4", &["-GN=4", "-GVOQ_DEPTH=64", "-GVOQ_POOL=768"]),
-    ("up_n8", &["-GN=8", "-GVOQ_DEPTH=32", "-GVOQ_POOL=768"]),
+/// One model: its shim prefix, its top module, whether it needs the
+/// kernels of `hw/rtl/kernels/`, and its parameter overrides.
+struct ModelSpec {
+    prefix: &'static str,
+    top: &'static str,
+    kernels: bool,
+    params: &'static [&'static str],
+}
+
+/// The models.
+const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        prefix: "up_n4",
+        top: "uniplane_top",
+        kernels: false,
+        params: &["-GN=4", "-GVOQ_DEPTH=64", "-GVOQ_POOL=768"],
+    },
+    ModelSpec {
+        prefix: "up_n8",
+        top: "uniplane_top",
+        kernels: false,
+        params: &["-GN=8", "-GVOQ_DEPTH=32", "-GVOQ_POOL=768"],
+    },
+    ModelSpec {
+        prefix: "up_k4",
+        top: "up_top_kernels",
+        kernels: true,
+        params: &["-GN=4", "-GVOQ_DEPTH=64", "-GVOQ_POOL=768"],
+    },
 ];
 
 fn verilator_root() -> PathBuf {
@@ -42,12 +68,8 @@ fn main() {
 
     let root = verilator_root();
     let include = root.join("include");
-    let mut sources: Vec<PathBuf> = fs::read_dir(&rtl)
-        .expect("hw/rtl exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "v"))
-        .collect();
-    sources.sort();
+    let sources = verilog_in(&rtl);
+    let kernel_sources = verilog_in(&rtl.join("kernels"));
 
     let mut build = cc::Build::new();
     build
@@ -65,13 +87,19 @@ fn main() {
         .file(include.join("verilated.cpp"))
         .file(include.join("verilated_threads.cpp"));
 
-    for (prefix, params) in MODELS {
+    for ModelSpec {
+        prefix,
+        top,
+        kernels,
+        params,
+    } in MODELS
+    {
         let class = format!("V{prefix}");
         let dir = out.join(&class);
         let _ = fs::remove_dir_all(&dir);
         let status = Command::new("verilator")
             .arg("--cc")
-            .args(["--top-module", "uniplane_top", "--prefix", &class])
+            .args(["--top-module", top, "--prefix", &class])
             .arg("-Mdir")
             .arg(&dir)
             .args([
@@ -85,9 +113,13 @@ fn main() {
             .arg(format!("-I{}", rtl.display()))
             .args(*params)
             .args(&sources)
+            .args(if *kernels { &kernel_sources[..] } else { &[] })
             .status()
             .expect("verilator runs");
-        assert!(status.success(), "verilator failed on hw/rtl ({prefix})");
+        assert!(
+            status.success(),
+            "verilator failed on hw/rtl ({prefix}, {top})"
+        );
         build.include(&dir);
         add_generated(&mut build, &dir);
         build.file(
@@ -99,6 +131,17 @@ fn main() {
     build.compile("uniplane_top_models");
     println!("cargo:rustc-link-lib=stdc++");
     println!("cargo:rustc-link-lib=pthread");
+}
+
+/// The Verilog files directly in `dir`, sorted.
+fn verilog_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("the RTL directory exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "v"))
+        .collect();
+    files.sort();
+    files
 }
 
 fn add_generated(build: &mut cc::Build, dir: &Path) {

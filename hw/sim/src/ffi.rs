@@ -117,3 +117,19 @@ model!(
     up_n8_set_axil,
     up_n8_axil_out
 );
+model!(
+    K4,
+    up_k4_new,
+    up_k4_free,
+    up_k4_ports,
+    up_k4_stacks,
+    up_k4_set_rst,
+    up_k4_eval,
+    up_k4_tick,
+    up_k4_set_in,
+    up_k4_in_ready,
+    up_k4_set_out_ready,
+    up_k4_out,
+    up_k4_set_axil,
+    up_k4_axil_out
+);

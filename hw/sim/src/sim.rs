@@ -11,6 +11,13 @@ pub enum Model {
     N4,
     /// 8 overlay ports, 32-beat virtual output queues, 2 underlay stacks.
     N8,
+    /// [`Model::N4`] with kernels on two of its ports
+    /// (`hw/rtl/kernels/up_top_kernels.v`): the echo kernel on
+    /// [`Model::ECHO_PORT`], the sum32 kernel on [`Model::SUM32_PORT`].
+    /// What the crossbar sends those ports goes to the kernel, and the
+    /// kernel's answers enter the port's connector like a device's
+    /// messages; the host side of those ports carries nothing.
+    N4Kernels,
 }
 
 impl Model {
@@ -18,14 +25,21 @@ impl Model {
         match self {
             Model::N4 => ffi::N4,
             Model::N8 => ffi::N8,
+            Model::N4Kernels => ffi::K4,
         }
     }
+
+    /// The port of [`Model::N4Kernels`] the echo kernel sits on.
+    pub const ECHO_PORT: usize = 2;
+
+    /// The port of [`Model::N4Kernels`] the sum32 kernel sits on.
+    pub const SUM32_PORT: usize = 3;
 
     /// Beats each virtual output queue of this model may always hold; the
     /// queues of an input share [`Model::voq_pool`] beats more.
     pub fn voq_depth(self) -> usize {
         match self {
-            Model::N4 => 64,
+            Model::N4 | Model::N4Kernels => 64,
             Model::N8 => 32,
         }
     }

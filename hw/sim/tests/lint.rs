@@ -1,6 +1,7 @@
 //! `verilator --lint-only -Wall` passes on `uniplane_top` for every port
-//! count the design supports, and on each table size extreme; and on each
-//! kernel of `rtl/kernels/`.
+//! count the design supports, and on each table size extreme; on each
+//! kernel of `rtl/kernels/`; and on `up_top_kernels`, the plane with
+//! kernels on two of its ports.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,16 +10,31 @@ fn rtl_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rtl")
 }
 
-fn lint(params: &[&str]) {
-    let dir = rtl_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+/// The Verilog files directly in `dir`, sorted.
+fn verilog_in(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "v"))
         .collect();
     files.sort();
+    files
+}
+
+fn lint(params: &[&str]) {
+    lint_top("uniplane_top", false, params);
+}
+
+/// Lints `top` with every module of `rtl/` (and of `rtl/kernels/` when
+/// `kernels`).
+fn lint_top(top: &str, kernels: bool, params: &[&str]) {
+    let dir = rtl_dir();
+    let mut files = verilog_in(&dir);
+    if kernels {
+        files.extend(verilog_in(&dir.join("kernels")));
+    }
     let out = Command::new("verilator")
-        .args(["--lint-only", "-Wall", "--top-module", "uniplane_top"])
+        .args(["--lint-only", "-Wall", "--top-module", top])
         .arg(format!("-I{}", dir.display()))
         .args(params)
         .args(&files)
@@ -26,7 +42,7 @@ fn lint(params: &[&str]) {
         .expect("verilator runs (the build needed it too)");
     assert!(
         out.status.success() && out.stderr.is_empty(),
-        "verilator --lint-only -Wall {params:?}:\n{}",
+        "verilator --lint-only -Wall {top} {params:?}:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -56,6 +72,20 @@ fn the_echo_kernel_is_lint_clean() {
 #[test]
 fn the_sum32_kernel_is_lint_clean() {
     lint_kernel("up_kernel_sum32");
+}
+
+#[test]
+fn the_plane_with_kernels_is_lint_clean() {
+    lint_top("up_top_kernels", true, &["-GVOQ_DEPTH=64"]);
+}
+
+#[test]
+fn the_plane_with_kernels_is_lint_clean_with_8_ports() {
+    lint_top(
+        "up_top_kernels",
+        true,
+        &["-GN=8", "-GECHO_PORT=5", "-GSUM_PORT=1"],
+    );
 }
 
 #[test]
