@@ -67,7 +67,7 @@ use uniplane_overlay::segment::{segment, Reassembler};
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{
     EngineConfig, ForwardingPlane, PlaneError, PlaneOp, PlaneReply, PortCounters, PortDump, PortId,
-    PortSpec, RunMode,
+    PortKind, PortSpec, RunMode,
 };
 
 use crate::device::RtlDevice;
@@ -136,6 +136,9 @@ pub struct RtlPlane {
     dev: RtlDevice,
     config: RtlPlaneConfig,
     ports: Vec<Option<Attached>>,
+    /// Ports an ordinary attach does not take: `Some(name)` is kept for
+    /// the device port of that name (a kernel's), `Some("")` for nobody.
+    reserved: Vec<Option<String>>,
     held: Vec<bool>,
     /// Control batches, once spawned.
     commands: Option<PlaneInbox>,
@@ -156,6 +159,7 @@ impl RtlPlane {
             dev,
             config,
             ports: (0..n).map(|_| None).collect(),
+            reserved: vec![None; n],
             held: vec![false; n],
             commands: None,
             last_beats: 0,
@@ -167,7 +171,29 @@ impl RtlPlane {
         for p in 0..n as PortId {
             let _ = plane.dev.set_port_live(p, false);
         }
+        // The kernels' ports carry nothing on the host side: no ordinary
+        // attach lands there.
+        if config.model == Model::N4Kernels {
+            for p in [Model::ECHO_PORT, Model::SUM32_PORT] {
+                plane.reserved[p] = Some(String::new());
+            }
+        }
         plane
+    }
+
+    /// Keeps RTL port `port` for the device port named `name`: the
+    /// attach of a [`PortKind::Device`] spec of that name lands there, and
+    /// no other attach does. This is how a kernel of the RTL
+    /// ([`Model::N4Kernels`]) becomes a device of the daemon: its port is
+    /// attached under the device's name, and what the crossbar sends it
+    /// is answered by the kernel itself.
+    pub fn reserve(&mut self, port: PortId, name: &str) -> Result<(), PlaneError> {
+        let slot = self
+            .reserved
+            .get_mut(port as usize)
+            .ok_or(PlaneError::NoSuchPort(port))?;
+        *slot = Some(name.to_owned());
+        Ok(())
     }
 
     /// The simulated device (its registers, cycle count, counters).
@@ -451,14 +477,24 @@ impl ForwardingPlane for RtlPlane {
         "rtl"
     }
 
-    /// Attaches `spec` to the lowest free RTL port. Messages leaving
-    /// through it are cut to its MTU (a tunnel) or put back together (an
-    /// application or device) by the bridge.
+    /// Attaches `spec` to the lowest free RTL port that is not reserved,
+    /// or, for a device port, to the free port reserved for its name
+    /// ([`RtlPlane::reserve`]). Messages leaving through it are cut to its
+    /// MTU (a tunnel) or put back together (an application or device) by
+    /// the bridge.
     fn attach(&mut self, spec: PortSpec) -> Result<(PortId, RingLink), PlaneError> {
-        let slot = self
-            .ports
-            .iter()
-            .position(Option::is_none)
+        let kept = |p: usize| {
+            spec.kind == PortKind::Device && self.reserved[p].as_deref() == Some(spec.name.as_str())
+        };
+        let free = |p: &usize| self.ports[*p].is_none();
+        let slot = (0..self.ports.len())
+            .filter(free)
+            .find(|&p| kept(p))
+            .or_else(|| {
+                (0..self.ports.len())
+                    .filter(free)
+                    .find(|&p| self.reserved[p].is_none())
+            })
             .ok_or(PlaneError::TooManyPorts(self.ports.len()))?;
         let p = slot as PortId;
         let base = self.dev.counters(p)?;

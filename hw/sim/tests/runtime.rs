@@ -487,3 +487,64 @@ fn the_largest_message_crosses_whole() {
     assert_eq!(got.header(), m.header());
     assert_eq!(got.payload(), m.payload());
 }
+
+/// On the kernel model, the kernels' ports are kept: ordinary attaches
+/// take the host's ports 0 and 1 only, and the device port named in
+/// `reserve` lands on its kernel's port, whose kernel then answers what
+/// the crossbar sends it (the daemon's `backend = "rtl"` kernel device).
+#[test]
+fn a_reserved_kernel_port_goes_to_its_device_and_its_kernel_answers() {
+    let mut plane = RtlPlane::new(RtlPlaneConfig {
+        model: Model::N4Kernels,
+        ..RtlPlaneConfig::default()
+    });
+    plane.reserve(Model::SUM32_PORT as PortId, "sum").unwrap();
+    let (a, mut la) = plane.attach(PortSpec::app("a")).unwrap();
+    let mut kernel = PortSpec::app("sum");
+    kernel.kind = uniplane_overlay::PortKind::Device;
+    let (k, _kernel_link) = plane.attach(kernel).unwrap();
+    // An application of the same name is not the device.
+    let (b, _lb) = plane.attach(PortSpec::app("sum")).unwrap();
+    assert_eq!((a, k, b), (0, Model::SUM32_PORT as PortId, 1));
+    assert_eq!(
+        plane.attach(PortSpec::app("c")).map(|(p, _)| p),
+        Err(PlaneError::TooManyPorts(4))
+    );
+    plane.add_route(a, Route::exact(uid(3), k)).unwrap();
+    plane.add_route(k, Route::exact(uid(1), a)).unwrap();
+    plane.add_acl_rule(a, AclRule::ALLOW_ALL).unwrap();
+    plane.add_acl_rule(k, AclRule::ALLOW_ALL).unwrap();
+    let mut m = Message::send(
+        uid(1).port(7),
+        uid(3).port(9),
+        Bytes::from(
+            [1u32, 2, 3]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+    )
+    .unwrap();
+    m.set_seqnum(5);
+    block_on(la.send(m)).unwrap();
+    let mut answer = None;
+    for _ in 0..200 {
+        plane.step();
+        if let Some(Some(Ok(m))) = la.next().now_or_never() {
+            answer = Some(m);
+            break;
+        }
+    }
+    let answer = answer.expect("no answer from the sum32 kernel");
+    assert_eq!(answer.payload().as_ref(), 6u32.to_le_bytes());
+    assert_eq!(
+        (
+            answer.header().src,
+            answer.header().dst,
+            answer.header().seqnum
+        ),
+        (uid(3), uid(1), 5)
+    );
+    let c = plane.counters(k).unwrap();
+    assert_eq!((c.tx_msgs, c.rx_msgs), (1, 1), "{c:?}");
+}
