@@ -332,6 +332,32 @@ pub struct DeviceConfig {
     pub backend: MemoryBackend,
     /// A kernel device's settings (`kind = "kernel"` only).
     pub kernel: Option<KernelDeviceConfig>,
+    /// Where a kernel device's kernel runs (`kind = "kernel"` only;
+    /// `Emulated` for every other kind).
+    pub kernel_backend: KernelBackend,
+}
+
+/// Where a kernel device's kernel runs (`backend = "emulated" | "rtl"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelBackend {
+    /// A Rust kernel on a thread of its own behind the emulated PCIe path
+    /// (PIO mailbox and FPGA Connect), on the software engine.
+    #[default]
+    Emulated,
+    /// The Verilog kernel on a port of the RTL crossbar (`--plane rtl`,
+    /// the `rtl` cargo feature): `echo` or `sum32` only, and none of the
+    /// emulated path's settings.
+    Rtl,
+}
+
+impl KernelBackend {
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelBackend::Emulated => "emulated",
+            KernelBackend::Rtl => "rtl",
+        }
+    }
 }
 
 /// A kernel device's settings (`kind = "kernel"`, `backend = "emulated"`).
@@ -750,6 +776,7 @@ impl Config {
                 "devices.memory",
                 bounds::DEVICE_MEMORY,
             )?;
+            let kernel = kernel_device(&src, d, kind)?;
             devices.push(DeviceConfig {
                 name: d.name.get_ref().clone(),
                 kind,
@@ -760,7 +787,8 @@ impl Config {
                     .transpose()?,
                 memory,
                 backend: memory_backend(&src, d, kind, memory)?,
-                kernel: kernel_device(&src, d, kind)?,
+                kernel: kernel.map(|(k, _)| k),
+                kernel_backend: kernel.map(|(_, b)| b).unwrap_or_default(),
             });
         }
 
@@ -1251,14 +1279,16 @@ fn memory_backend(
     }
 }
 
-/// A kernel device's settings: `backend` (only `emulated`), `function`,
-/// `pio_threshold`, `tokens`, `stall_timeout_ms` and `wait`, each refused
-/// on other kinds.
+/// A kernel device's settings: `backend` (`emulated`, or `rtl` in a build
+/// with the `rtl` feature), `function`, `pio_threshold`, `tokens`,
+/// `stall_timeout_ms` and `wait`, each refused on other kinds. An `rtl`
+/// kernel is `echo` or `sum32` (the kernels the RTL has) and refuses the
+/// emulated path's settings, which mean nothing there.
 fn kernel_device(
     src: &Source<'_>,
     d: &RawDevice,
     kind: DeviceKind,
-) -> Result<Option<KernelDeviceConfig>, ConfigError> {
+) -> Result<Option<(KernelDeviceConfig, KernelBackend)>, ConfigError> {
     let kernel_only = [
         ("function", d.function.as_ref().map(|v| v.span())),
         ("pio_threshold", d.pio_threshold.as_ref().map(|v| v.span())),
@@ -1279,16 +1309,37 @@ fn kernel_device(
         }
         return Ok(None);
     }
-    if let Some(b) = &d.backend {
-        if b.get_ref() != "emulated" {
+    let backend = match d.backend.as_ref() {
+        None => KernelBackend::Emulated,
+        Some(b) => match b.get_ref().as_str() {
+            "emulated" => KernelBackend::Emulated,
+            "rtl" if !cfg!(feature = "rtl") => {
+                return src.invalid(
+                    b.span(),
+                    "devices.backend",
+                    "`rtl`: this daemon was built without the rtl feature \
+                     (build with `--features rtl`)",
+                )
+            }
+            "rtl" => KernelBackend::Rtl,
+            other => {
+                return src.invalid(
+                    b.span(),
+                    "devices.backend",
+                    format!("`{other}`: a kernel device's backend is \"emulated\" or \"rtl\""),
+                )
+            }
+        },
+    };
+    if backend == KernelBackend::Rtl {
+        let emulated_only = kernel_only[1..]
+            .iter()
+            .find_map(|(field, span)| Some((field, span.clone()?)));
+        if let Some((field, span)) = emulated_only {
             return src.invalid(
-                b.span(),
-                "devices.backend",
-                format!(
-                    "`{}`: a kernel device's backend is \"emulated\" \
-                     (RTL kernels are not served yet)",
-                    b.get_ref()
-                ),
+                span,
+                &format!("devices.{field}"),
+                "a setting of the emulated path: a `backend = \"rtl\"` kernel does not take it",
             );
         }
     }
@@ -1310,6 +1361,16 @@ fn kernel_device(
         Some(f) => match f.get_ref().as_str() {
             "echo" => KernelFunction::Echo,
             "sum32" => KernelFunction::Sum32,
+            other if backend == KernelBackend::Rtl => {
+                return src.invalid(
+                    f.span(),
+                    "devices.function",
+                    format!(
+                        "`{other}`: a `backend = \"rtl\"` kernel is \"echo\" or \"sum32\" \
+                         (the kernels the RTL has)"
+                    ),
+                )
+            }
             "stall" => KernelFunction::Stall,
             "panic" => KernelFunction::Panic,
             "garbage" => KernelFunction::Garbage,
@@ -1339,7 +1400,7 @@ fn kernel_device(
             }
         },
     };
-    Ok(Some(KernelDeviceConfig {
+    let config = KernelDeviceConfig {
         function,
         pio_threshold: src.number_or(
             d.pio_threshold.as_ref(),
@@ -1360,7 +1421,8 @@ fn kernel_device(
             bounds::STALL_TIMEOUT_MS,
         )?,
         wait,
-    }))
+    };
+    Ok(Some((config, backend)))
 }
 
 /// `direct_from` when the file gives none: payloads of at least this many

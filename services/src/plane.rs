@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use uniplane_overlay::{spawn_sharded, Engine, EngineConfig, PlaneHandle, RunMode, ShardConfig};
 
-use crate::config::{Config, EngineMode};
+use crate::config::{Config, DeviceConfig, EngineMode, KernelBackend, KernelFunction};
 
 /// The error `open_plane` gives for [`PlaneKind::Rtl`] in a build without
 /// the `rtl` feature.
@@ -62,6 +62,73 @@ impl FromStr for PlaneKind {
     }
 }
 
+/// The RTL port of the kernel model (`uniplane_hw_sim::Model::N4Kernels`)
+/// the kernel computing `function` sits on: echo on port 2, sum32 on 3.
+/// Kept here, checked against the model's constants where the model is
+/// built, so a build without the `rtl` feature can check a configuration.
+pub fn rtl_kernel_port(function: KernelFunction) -> Option<u16> {
+    match function {
+        KernelFunction::Echo => Some(2),
+        KernelFunction::Sum32 => Some(3),
+        _ => None,
+    }
+}
+
+/// Ports of the kernel model, kernels' included.
+pub const RTL_KERNEL_MODEL_PORTS: usize = 4;
+
+/// The `backend = "rtl"` kernel devices of `config`, with their RTL ports.
+pub fn rtl_kernels(config: &Config) -> impl Iterator<Item = (&DeviceConfig, u16)> {
+    config.devices.iter().filter_map(|d| {
+        let k = d
+            .kernel
+            .filter(|_| d.kernel_backend == KernelBackend::Rtl)?;
+        Some((d, rtl_kernel_port(k.function)?))
+    })
+}
+
+/// Whether `config` can run on `plane` as far as its kernel devices go:
+/// a `backend = "rtl"` kernel needs the RTL plane, one device per RTL
+/// kernel, and the kernel model's other ports must hold the daemon's own
+/// port, the other devices' and at least one application's. The reason
+/// when not (`uniplaned --check` and the start both ask).
+pub fn check_kernels(config: &Config, plane: PlaneKind) -> Result<(), String> {
+    let mut seen: Vec<(&str, u16)> = Vec::new();
+    for (d, port) in rtl_kernels(config) {
+        if plane != PlaneKind::Rtl {
+            return Err(format!(
+                "device `{}`: a `backend = \"rtl\"` kernel runs on the RTL plane, \
+                 not on {}: start with --plane rtl (or plane = \"rtl\")",
+                d.name, plane
+            ));
+        }
+        if let Some((other, _)) = seen.iter().find(|(_, p)| *p == port) {
+            return Err(format!(
+                "device `{}`: the RTL has one {} kernel (port {port}), already device `{other}`",
+                d.name,
+                d.kernel.map(|k| k.function.name()).unwrap_or_default()
+            ));
+        }
+        seen.push((&d.name, port));
+    }
+    if seen.is_empty() {
+        return Ok(());
+    }
+    // The kernels' ports carry nothing else; the rest is the host's.
+    let host_ports = RTL_KERNEL_MODEL_PORTS - 2;
+    let others = config.devices.len() - seen.len();
+    // The daemon's own port, one per other device, one application.
+    let needed = 1 + others + 1;
+    if needed > host_ports {
+        return Err(format!(
+            "the RTL plane with kernels has {host_ports} ports besides its kernels' \
+             ({RTL_KERNEL_MODEL_PORTS} in all), and this daemon needs {needed}: \
+             its own, {others} for its other devices and one for an application"
+        ));
+    }
+    Ok(())
+}
+
 /// How the plane's thread waits when idle, from the configuration.
 fn run_mode(config: &Config) -> RunMode {
     match config.mode {
@@ -79,9 +146,13 @@ fn run_mode(config: &Config) -> RunMode {
 ///   are named), else on one thread as the daemon has always run it.
 /// - `Rtl`: the 8-port `uniplane_top` model; `ring_depth` sizes the port
 ///   rings, while ports, queues and tables are fixed by the RTL (8 ports,
-///   32-beat queues, 32 forwarding entries per port). Without the `rtl`
-///   feature this is the error [`NO_RTL`].
+///   32-beat queues, 32 forwarding entries per port). With `backend =
+///   "rtl"` kernel devices configured, the 4-port model with the echo
+///   kernel on port 2 and the sum32 kernel on port 3 instead, each
+///   kernel's port kept for its device ([`check_kernels`] says what
+///   fits). Without the `rtl` feature this is the error [`NO_RTL`].
 pub fn open_plane(kind: PlaneKind, config: &Config) -> Result<Arc<dyn PlaneHandle>, String> {
+    check_kernels(config, kind)?;
     match kind {
         PlaneKind::Engine => {
             let engine = EngineConfig {
@@ -109,11 +180,38 @@ pub fn open_plane(kind: PlaneKind, config: &Config) -> Result<Arc<dyn PlaneHandl
 #[cfg(feature = "rtl")]
 fn open_rtl(config: &Config) -> Result<Arc<dyn PlaneHandle>, String> {
     use uniplane_hw_sim::{Model, RtlPlane, RtlPlaneConfig};
-    let plane = RtlPlane::new(RtlPlaneConfig {
-        model: Model::N8,
+    let kernels: Vec<(&DeviceConfig, u16)> = rtl_kernels(config).collect();
+    let model = if kernels.is_empty() {
+        Model::N8
+    } else {
+        Model::N4Kernels
+    };
+    let mut plane = RtlPlane::new(RtlPlaneConfig {
+        model,
         ring_depth: config.ring_depth,
         ..RtlPlaneConfig::default()
     });
+    debug_assert_eq!(
+        (
+            rtl_kernel_port(KernelFunction::Echo),
+            rtl_kernel_port(KernelFunction::Sum32),
+            plane.port_count()
+        ),
+        (
+            Some(Model::ECHO_PORT as u16),
+            Some(Model::SUM32_PORT as u16),
+            if kernels.is_empty() {
+                8
+            } else {
+                RTL_KERNEL_MODEL_PORTS
+            }
+        )
+    );
+    for (d, port) in kernels {
+        plane
+            .reserve(port, &d.name)
+            .map_err(|e| format!("device `{}`: {e}", d.name))?;
+    }
     Ok(Arc::new(plane.spawn(run_mode(config))))
 }
 
@@ -179,5 +277,88 @@ mod tests {
         let plane = open_plane(PlaneKind::Rtl, &config).unwrap();
         assert_eq!(plane.kind(), "rtl");
         assert_eq!(attach_through(&plane), vec!["attached 0"]);
+    }
+
+    #[cfg(feature = "rtl")]
+    fn rtl_kernels_config(devices: &str) -> Config {
+        let text = format!("[server]\nid = \"127.0.0.1\"\n{devices}");
+        Config::parse(&text, "c.toml").unwrap()
+    }
+
+    #[cfg(feature = "rtl")]
+    fn device(name: &str, kind: &str, extra: &str) -> String {
+        format!("\n[[devices]]\nname = \"{name}\"\nkind = \"{kind}\"\n{extra}")
+    }
+
+    #[cfg(feature = "rtl")]
+    #[test]
+    fn rtl_kernels_need_the_rtl_plane_one_device_per_kernel_and_a_port_for_an_application() {
+        let echo = device("e", "kernel", "backend = \"rtl\"\nfunction = \"echo\"\n");
+        let sum = device("s", "kernel", "backend = \"rtl\"\nfunction = \"sum32\"\n");
+        let both = rtl_kernels_config(&format!("{echo}{sum}"));
+        assert_eq!(
+            rtl_kernels(&both)
+                .map(|(d, p)| (d.name.as_str(), p))
+                .collect::<Vec<_>>(),
+            vec![("e", 2), ("s", 3)]
+        );
+        assert_eq!(check_kernels(&both, PlaneKind::Rtl), Ok(()));
+        assert_eq!(
+            check_kernels(&both, PlaneKind::Engine),
+            Err(
+                "device `e`: a `backend = \"rtl\"` kernel runs on the RTL plane, not on \
+                 engine: start with --plane rtl (or plane = \"rtl\")"
+                    .to_owned()
+            )
+        );
+        let twice = rtl_kernels_config(&format!("{echo}{}", echo.replace("\"e\"", "\"f\"")));
+        assert_eq!(
+            check_kernels(&twice, PlaneKind::Rtl),
+            Err("device `f`: the RTL has one echo kernel (port 2), already device `e`".to_owned())
+        );
+        let crowded = rtl_kernels_config(&format!("{echo}{}", device("m", "memory", "")));
+        assert_eq!(
+            check_kernels(&crowded, PlaneKind::Rtl),
+            Err(
+                "the RTL plane with kernels has 2 ports besides its kernels' (4 in all), \
+                 and this daemon needs 3: its own, 1 for its other devices and one for an \
+                 application"
+                    .to_owned()
+            )
+        );
+        let Err(e) = open_plane(PlaneKind::Engine, &both) else {
+            panic!("an rtl kernel on the engine");
+        };
+        assert!(e.contains("runs on the RTL plane"), "{e}");
+    }
+
+    #[cfg(feature = "rtl")]
+    #[test]
+    fn with_rtl_kernels_the_plane_keeps_their_ports_for_their_devices() {
+        use uniplane_overlay::PortKind;
+        let config = rtl_kernels_config(&device(
+            "s",
+            "kernel",
+            "backend = \"rtl\"\nfunction = \"sum32\"\n",
+        ));
+        let plane = open_plane(PlaneKind::Rtl, &config).unwrap();
+        let attach = |spec: PortSpec| match uniplane_overlay::remote::block_on(
+            plane.submit(vec![PlaneOp::Attach(spec)]),
+        )
+        .unwrap()
+        .pop()
+        {
+            Some(Ok(PlaneReply::Attached(p, _))) => Ok(p),
+            Some(Err(e)) => Err(e.to_string()),
+            other => Err(format!("{other:?}")),
+        };
+        let mut kernel = PortSpec::app("s");
+        kernel.kind = PortKind::Device;
+        // The kernel's port, whatever the order; the others for the rest;
+        // the echo kernel's port for nobody.
+        assert_eq!(attach(PortSpec::app("a")), Ok(0));
+        assert_eq!(attach(kernel), Ok(3));
+        assert_eq!(attach(PortSpec::app("b")), Ok(1));
+        assert!(attach(PortSpec::app("c")).is_err());
     }
 }

@@ -126,3 +126,33 @@ fn the_packaged_unit_and_configuration_are_accepted() {
         );
     }
 }
+
+#[test]
+fn check_refuses_an_rtl_kernel_the_plane_cannot_serve() {
+    let device = "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nbackend = \"rtl\"\n\
+                  function = \"echo\"\n";
+    let path = file("rtl-kernel", device);
+    let out = check(&path);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "rtl") {
+        // On the engine plane (the default), the reason and the way out.
+        assert_eq!(
+            stderr.trim(),
+            "uniplaned: device `k`: a `backend = \"rtl\"` kernel runs on the RTL plane, \
+             not on engine: start with --plane rtl (or plane = \"rtl\")"
+        );
+    } else {
+        assert!(
+            stderr.contains("built without the rtl feature (build with `--features rtl`)"),
+            "{stderr}"
+        );
+    }
+    if cfg!(feature = "rtl") {
+        let path = file("rtl-kernel-plane", &format!("plane = \"rtl\"\n{device}"));
+        let out = check(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+}

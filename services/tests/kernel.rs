@@ -49,9 +49,10 @@ impl Rng {
         self.0
     }
 
-    /// A size from 4 B to 64 KiB, spread evenly over the powers of two.
-    fn size(&mut self) -> usize {
-        let bits = 2 + self.next() % 15;
+    /// A size from 4 B to `2^(max_bits + 1) - 1` B (at most 64 KiB - 1),
+    /// spread evenly over the powers of two.
+    fn size(&mut self, max_bits: u32) -> usize {
+        let bits = 2 + self.next() % u64::from(max_bits - 1);
         let size = (1usize << bits) + (self.next() as usize % (1 << bits));
         size.clamp(4, 65_535)
     }
@@ -103,41 +104,62 @@ async fn status_until(client: &Client, name: &str, ready: impl Fn(&Value) -> boo
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large_by_connect() {
-    let dir = runtime("exact");
-    let (_daemon, client) = embedded(
-        config(&[kernel(2, "echo", ""), kernel(3, "sum32", "")]),
-        &dir,
-    )
-    .await
-    .unwrap();
-    let session = app(&dir).await;
+/// What [`byte_exact`] sent each kernel (echo, sum32): messages by the
+/// PIO mailbox's size rule (at most 256 bytes) and above it, and the sums
+/// refused for partial words.
+#[derive(Debug, Default)]
+struct Sent {
+    pio: [u64; 2],
+    connect: [u64; 2],
+    refused: u64,
+}
+
+/// The host test both kernel backends pass: an application attached to
+/// the daemon in `dir` connects to the echo kernel (device 2) and the
+/// sum32 kernel (device 3), sends `count` random messages alternately,
+/// one after the other, of 4 bytes to `2^(max_bits + 1) - 1` (powers of
+/// two spread evenly), and checks every answer byte for byte: the echo,
+/// the sum of whole words against [`sum32`], and for one sum in four a
+/// payload of partial words, refused with BadRequest while the
+/// connection goes on.
+async fn byte_exact(dir: &Path, count: u32, max_bits: u32) -> Sent {
+    let session = app(dir).await;
     let mut echo = session.connect(at(2)).await.unwrap();
     let mut sum = session.connect(at(3)).await.unwrap();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut pio = [0u64; 2];
-    let mut connect = [0u64; 2];
-    for i in 0..10_000u32 {
+    let mut sent = Sent::default();
+    for i in 0..count {
         let to_sum = !i.is_multiple_of(2);
-        let mut len = rng.size();
+        let mut len = rng.size(max_bits);
+        let partial = to_sum && i % 8 == 1;
         if to_sum {
             len -= len % 4;
+            if partial {
+                len += 1 + i as usize / 8 % 3;
+            }
         }
         let payload = rng.bytes(len);
-        let small = usize::from(to_sum);
+        let k = usize::from(to_sum);
         if len <= 256 {
-            pio[small] += 1;
+            sent.pio[k] += 1;
         } else {
-            connect[small] += 1;
+            sent.connect[k] += 1;
         }
         let conn = if to_sum { &mut sum } else { &mut echo };
         conn.send_bytes(Bytes::from(payload.clone())).await.unwrap();
         let answer = tokio::time::timeout(Duration::from_secs(10), conn.recv())
             .await
             .unwrap_or_else(|_| panic!("message {i} of {len} bytes: no answer"))
-            .unwrap()
             .unwrap();
+        if partial {
+            sent.refused += 1;
+            match answer {
+                Err(LinkError::PeerFailed(status)) => assert_eq!(status, "BadRequest"),
+                other => panic!("message {i}: {len} bytes summed: {other:?}"),
+            }
+            continue;
+        }
+        let answer = answer.unwrap_or_else(|e| panic!("message {i} of {len} bytes: {e:?}"));
         if to_sum {
             assert_eq!(
                 answer.payload().as_ref(),
@@ -151,6 +173,19 @@ async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large
             );
         }
     }
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large_by_connect() {
+    let dir = runtime("exact");
+    let (_daemon, client) = embedded(
+        config(&[kernel(2, "echo", ""), kernel(3, "sum32", "")]),
+        &dir,
+    )
+    .await
+    .unwrap();
+    let sent = byte_exact(&dir, 10_000, 16).await;
     for (name, k) in [("k2", 0), ("k3", 1)] {
         let d = device(&client, name).await;
         assert_eq!(
@@ -161,11 +196,66 @@ async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large
             ),
             (Some("kernel"), Some("emulated"), Some("up"))
         );
-        assert_eq!(d["messages"]["pio"], pio[k], "{d}");
-        assert_eq!(d["messages"]["connect"], connect[k], "{d}");
+        assert_eq!(d["messages"]["pio"], sent.pio[k], "{d}");
+        assert_eq!(d["messages"]["connect"], sent.connect[k], "{d}");
         assert_eq!(d["garbage"], 0);
     }
-    assert!(pio.iter().all(|&n| n > 500) && connect.iter().all(|&n| n > 500));
+    assert_eq!(device(&client, "k3").await["kernel_errors"], sent.refused);
+    assert!(sent.pio.iter().all(|&n| n > 500) && sent.connect.iter().all(|&n| n > 500));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same host test against the Verilog kernels on the RTL plane
+/// (`backend = "rtl"`, `--plane rtl`): echo on RTL port 2, sum32 on port
+/// 3, the same sizes (4 B to 64 KiB - 1), 2,000 messages (about 3 s);
+/// the RTL counts what crossed each kernel's port.
+#[cfg(feature = "rtl")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rtl_kernels_answer_the_same_messages_byte_exact() {
+    let dir = runtime("rtl-exact");
+    let rtl = |device: u16, function: &str| {
+        format!(
+            "\n[[devices]]\nname = \"k{device}\"\nkind = \"kernel\"\ndevice = {device}\n\
+             backend = \"rtl\"\nfunction = \"{function}\"\n"
+        )
+    };
+    let text = format!(
+        "plane = \"rtl\"\n{SERVER}{}{}",
+        rtl(2, "echo"),
+        rtl(3, "sum32")
+    );
+    let (daemon, client) = embedded(Config::parse(&text, "test").unwrap(), &dir)
+        .await
+        .unwrap();
+    let status = client.request(&Request::Status).await.unwrap();
+    assert_eq!(status["plane"], "rtl");
+    let count = 2_000;
+    let sent = byte_exact(&dir, count, 16).await;
+    for (name, number, function, port, k) in [("k2", 2, "echo", 2, 0), ("k3", 3, "sum32", 3, 1)] {
+        let d = device(&client, name).await;
+        assert_eq!(
+            (
+                d["kind"].as_str(),
+                d["backend"].as_str(),
+                d["function"].as_str(),
+                d["port"].as_u64(),
+            ),
+            (Some("kernel"), Some("rtl"), Some(function), Some(port)),
+            "{d}"
+        );
+        let t = client
+            .request(&Request::Tables { device: number })
+            .await
+            .unwrap();
+        assert_eq!(t["port"], port, "{t}");
+        let messages = sent.pio[k] + sent.connect[k];
+        assert_eq!(messages, u64::from(count / 2));
+        // What the crossbar delivered to the kernel, and its answers.
+        assert_eq!(t["counters"]["tx_msgs"], messages, "{t}");
+        assert_eq!(t["counters"]["rx_msgs"], messages, "{t}");
+    }
+    assert!(sent.refused > 100 && sent.connect.iter().all(|&n| n > 300));
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

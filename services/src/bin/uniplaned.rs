@@ -121,6 +121,10 @@ fn main() -> std::process::ExitCode {
         config.plane = plane;
     }
     if args.check {
+        if let Err(e) = uniplane_services::plane::check_kernels(&config, config.plane) {
+            eprintln!("uniplaned: {e}");
+            return std::process::ExitCode::from(2);
+        }
         let of_cluster = match &args.cluster {
             Some(path) => format!(" ({} of {})", config.name, path.display()),
             None => String::new(),

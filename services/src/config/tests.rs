@@ -967,9 +967,9 @@ fn kernel_settings_out_of_range_unknown_or_misplaced_are_refused_with_the_field(
             "c.toml:5:8: field `devices.wait`: `spin`: expected \"park\" or \"busy\"",
         ),
         (
-            format!("{KERNEL_DEVICE}backend = \"rtl\"\n"),
-            "c.toml:5:11: field `devices.backend`: `rtl`: a kernel device's backend is \
-             \"emulated\" (RTL kernels are not served yet)",
+            format!("{KERNEL_DEVICE}backend = \"fpga\"\n"),
+            "c.toml:5:11: field `devices.backend`: `fpga`: a kernel device's backend is \
+             \"emulated\" or \"rtl\"",
         ),
         (
             format!("{KERNEL_DEVICE}memory = 4096\n"),
@@ -992,6 +992,62 @@ fn kernel_settings_out_of_range_unknown_or_misplaced_are_refused_with_the_field(
         (
             format!("{MEMORY_DEVICE}tokens = 4\n"),
             "c.toml:5:10: field `devices.tokens`: only a `kind = \"kernel\"` device takes it",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(refused(&text).to_string(), want, "{text}");
+    }
+}
+
+#[cfg(not(feature = "rtl"))]
+#[test]
+fn an_rtl_kernel_in_a_build_without_the_rtl_feature_is_refused_with_how_to_get_it() {
+    assert_eq!(
+        refused(&format!("{KERNEL_DEVICE}backend = \"rtl\"\n")).to_string(),
+        "c.toml:5:11: field `devices.backend`: `rtl`: this daemon was built without \
+         the rtl feature (build with `--features rtl`)"
+    );
+}
+
+#[cfg(feature = "rtl")]
+#[test]
+fn an_rtl_kernel_is_echo_or_sum32_and_takes_none_of_the_emulated_settings() {
+    use super::KernelBackend;
+    let text = format!("{KERNEL_DEVICE}backend = \"rtl\"\n");
+    let c = Config::parse(&text, "c.toml").unwrap();
+    assert_eq!(c.devices[0].kernel_backend, KernelBackend::Rtl);
+    assert_eq!(
+        c.devices[0].kernel.map(|k| k.function),
+        Some(KernelFunction::Sum32)
+    );
+    let emulated = Config::parse(KERNEL_DEVICE, "c.toml").unwrap();
+    assert_eq!(emulated.devices[0].kernel_backend, KernelBackend::Emulated);
+    let cases = [
+        (
+            "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nbackend = \"rtl\"\nfunction = \"stall\"\n"
+                .to_owned(),
+            "c.toml:5:12: field `devices.function`: `stall`: a `backend = \"rtl\"` kernel is \
+             \"echo\" or \"sum32\" (the kernels the RTL has)",
+        ),
+        (
+            format!("{text}tokens = 4\n"),
+            "c.toml:6:10: field `devices.tokens`: a setting of the emulated path: \
+             a `backend = \"rtl\"` kernel does not take it",
+        ),
+        (
+            format!("{text}pio_threshold = 0\n"),
+            "c.toml:6:17: field `devices.pio_threshold`: a setting of the emulated path: \
+             a `backend = \"rtl\"` kernel does not take it",
+        ),
+        (
+            format!("{text}wait = \"busy\"\n"),
+            "c.toml:6:8: field `devices.wait`: a setting of the emulated path: \
+             a `backend = \"rtl\"` kernel does not take it",
+        ),
+        (
+            format!("{text}stall_timeout_ms = 100\n"),
+            "c.toml:6:20: field `devices.stall_timeout_ms`: a setting of the emulated path: \
+             a `backend = \"rtl\"` kernel does not take it",
         ),
     ];
     for (text, want) in cases {

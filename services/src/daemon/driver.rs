@@ -500,6 +500,11 @@ impl Driver {
                 let Some(d) = self.shared.config.devices.iter().find(|d| d.name == name) else {
                     return;
                 };
+                if d.kernel_backend == crate::config::KernelBackend::Rtl {
+                    // The RTL's own kernel answers on this port; its
+                    // host side carries nothing.
+                    return;
+                }
                 if d.kind == DeviceKind::Kernel {
                     // Only the software engine drives a kernel's host end.
                     if let Some((_, k)) = self.shared.kernels.iter().find(|(n, _)| *n == name) {

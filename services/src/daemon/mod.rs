@@ -283,6 +283,10 @@ impl Daemon {
         config: Config,
         plane: Arc<dyn PlaneHandle>,
     ) -> Result<Daemon, DaemonError> {
+        // A `backend = "rtl"` kernel on a plane without it, or more
+        // kernels or ports than the RTL has, refuses the start.
+        let kind = plane.kind().parse().unwrap_or_default();
+        crate::plane::check_kernels(&config, kind).map_err(DaemonError::NoPlane)?;
         let runtime = runtime_dir(config.runtime_dir.as_deref());
         uniplane_client::prepare_runtime_dir(&runtime)?;
         // A stack the file names but this build lacks, or a peer whose
@@ -336,6 +340,10 @@ impl Daemon {
         let mut kernel_ports = std::collections::HashMap::new();
         let mut kernels = Vec::new();
         for d in &config.devices {
+            // An RTL kernel has nothing on the host: the plane answers.
+            if d.kernel_backend == crate::config::KernelBackend::Rtl {
+                continue;
+            }
             if let Some(k) = d.kernel {
                 let (port, shared) =
                     crate::devices::kernel::open(&d.name, k).map_err(|source| {

@@ -95,12 +95,18 @@ fn devices_json(shared: &super::Shared) -> serde_json::Value {
                 "kind": format!("{:?}", d.kind).to_lowercase(),
                 "memory": d.memory,
                 "backend": match (d.kernel, d.backend) {
-                    (Some(_), _) => "emulated",
+                    (Some(_), _) => d.kernel_backend.name(),
                     (None, MemoryBackend::Host) => "host",
                     (None, MemoryBackend::Gpu(_)) => "gpu",
                 },
                 "state": "up",
             });
+            if let Some((_, port)) =
+                crate::plane::rtl_kernels(&shared.config).find(|(k, _)| k.name == d.name)
+            {
+                v["function"] = json!(d.kernel.map(|k| k.function.name()));
+                v["port"] = json!(port);
+            }
             if let Some((_, k)) = shared.kernels.iter().find(|(n, _)| *n == d.name) {
                 if let (Some(v), serde_json::Value::Object(s)) = (v.as_object_mut(), k.json()) {
                     v.extend(s);
