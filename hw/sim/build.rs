@@ -35,10 +35,16 @@ const MODELS: &[ModelSpec] = &[
         params: &["-GN=8", "-GVOQ_DEPTH=32", "-GVOQ_POOL=768"],
     },
     ModelSpec {
-        prefix: "up_k4",
+        prefix: "up_k8",
         top: "up_top_kernels",
         kernels: true,
-        params: &["-GN=4", "-GVOQ_DEPTH=64", "-GVOQ_POOL=768"],
+        params: &[
+            "-GN=8",
+            "-GVOQ_DEPTH=32",
+            "-GVOQ_POOL=768",
+            "-GECHO_PORT=6",
+            "-GSUM_PORT=7",
+        ],
     },
 ];
 

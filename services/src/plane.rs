@@ -62,20 +62,24 @@ impl FromStr for PlaneKind {
     }
 }
 
-/// The RTL port of the kernel model (`uniplane_hw_sim::Model::N4Kernels`)
-/// the kernel computing `function` sits on: echo on port 2, sum32 on 3.
+/// The RTL port of the kernel model (`uniplane_hw_sim::Model::N8Kernels`)
+/// the kernel computing `function` sits on: echo on port 6, sum32 on 7.
 /// Kept here, checked against the model's constants where the model is
 /// built, so a build without the `rtl` feature can check a configuration.
 pub fn rtl_kernel_port(function: KernelFunction) -> Option<u16> {
     match function {
-        KernelFunction::Echo => Some(2),
-        KernelFunction::Sum32 => Some(3),
+        KernelFunction::Echo => Some(6),
+        KernelFunction::Sum32 => Some(7),
         _ => None,
     }
 }
 
 /// Ports of the kernel model, kernels' included.
-pub const RTL_KERNEL_MODEL_PORTS: usize = 4;
+pub const RTL_KERNEL_MODEL_PORTS: usize = 8;
+
+/// Ports of the kernel model that are the host's: all but the two
+/// kernels' (ports 0 to 5).
+pub const RTL_KERNEL_HOST_PORTS: usize = RTL_KERNEL_MODEL_PORTS - 2;
 
 /// The `backend = "rtl"` kernel devices of `config`, with their RTL ports.
 pub fn rtl_kernels(config: &Config) -> impl Iterator<Item = (&DeviceConfig, u16)> {
@@ -89,9 +93,11 @@ pub fn rtl_kernels(config: &Config) -> impl Iterator<Item = (&DeviceConfig, u16)
 
 /// Whether `config` can run on `plane` as far as its kernel devices go:
 /// a `backend = "rtl"` kernel needs the RTL plane, one device per RTL
-/// kernel, and the kernel model's other ports must hold the daemon's own
-/// port, the other devices' and at least one application's. The reason
-/// when not (`uniplaned --check` and the start both ask).
+/// kernel, and the kernel model's six host ports must hold the daemon's
+/// own port, the other devices' and at least one application's (what is
+/// left goes to further applications and to tunnels, attached as they
+/// come). The reason when not (`uniplaned --check` and the start both
+/// ask).
 pub fn check_kernels(config: &Config, plane: PlaneKind) -> Result<(), String> {
     let mut seen: Vec<(&str, u16)> = Vec::new();
     for (d, port) in rtl_kernels(config) {
@@ -115,7 +121,7 @@ pub fn check_kernels(config: &Config, plane: PlaneKind) -> Result<(), String> {
         return Ok(());
     }
     // The kernels' ports carry nothing else; the rest is the host's.
-    let host_ports = RTL_KERNEL_MODEL_PORTS - 2;
+    let host_ports = RTL_KERNEL_HOST_PORTS;
     let others = config.devices.len() - seen.len();
     // The daemon's own port, one per other device, one application.
     let needed = 1 + others + 1;
@@ -123,7 +129,8 @@ pub fn check_kernels(config: &Config, plane: PlaneKind) -> Result<(), String> {
         return Err(format!(
             "the RTL plane with kernels has {host_ports} ports besides its kernels' \
              ({RTL_KERNEL_MODEL_PORTS} in all), and this daemon needs {needed}: \
-             its own, {others} for its other devices and one for an application"
+             its own, {others} for its other devices and one for an application \
+             (the rest are for further applications and tunnels)"
         ));
     }
     Ok(())
@@ -147,10 +154,10 @@ fn run_mode(config: &Config) -> RunMode {
 /// - `Rtl`: the 8-port `uniplane_top` model; `ring_depth` sizes the port
 ///   rings, while ports, queues and tables are fixed by the RTL (8 ports,
 ///   32-beat queues, 32 forwarding entries per port). With `backend =
-///   "rtl"` kernel devices configured, the 4-port model with the echo
-///   kernel on port 2 and the sum32 kernel on port 3 instead, each
-///   kernel's port kept for its device ([`check_kernels`] says what
-///   fits). Without the `rtl` feature this is the error [`NO_RTL`].
+///   "rtl"` kernel devices configured, the 8-port model with the echo
+///   kernel on port 6 and the sum32 kernel on port 7 instead, each
+///   kernel's port kept for its device and ports 0 to 5 the host's
+///   ([`check_kernels`] says what fits). Without the `rtl` feature this is the error [`NO_RTL`].
 pub fn open_plane(kind: PlaneKind, config: &Config) -> Result<Arc<dyn PlaneHandle>, String> {
     check_kernels(config, kind)?;
     match kind {
@@ -184,7 +191,7 @@ fn open_rtl(config: &Config) -> Result<Arc<dyn PlaneHandle>, String> {
     let model = if kernels.is_empty() {
         Model::N8
     } else {
-        Model::N4Kernels
+        Model::N8Kernels
     };
     let mut plane = RtlPlane::new(RtlPlaneConfig {
         model,
@@ -300,7 +307,7 @@ mod tests {
             rtl_kernels(&both)
                 .map(|(d, p)| (d.name.as_str(), p))
                 .collect::<Vec<_>>(),
-            vec![("e", 2), ("s", 3)]
+            vec![("e", 6), ("s", 7)]
         );
         assert_eq!(check_kernels(&both, PlaneKind::Rtl), Ok(()));
         assert_eq!(
@@ -314,15 +321,24 @@ mod tests {
         let twice = rtl_kernels_config(&format!("{echo}{}", echo.replace("\"e\"", "\"f\"")));
         assert_eq!(
             check_kernels(&twice, PlaneKind::Rtl),
-            Err("device `f`: the RTL has one echo kernel (port 2), already device `e`".to_owned())
+            Err("device `f`: the RTL has one echo kernel (port 6), already device `e`".to_owned())
         );
-        let crowded = rtl_kernels_config(&format!("{echo}{}", device("m", "memory", "")));
+        // Six host ports: the daemon's, four other devices and an
+        // application fit beside both kernels; a fifth device does not.
+        let memories = |n: usize| -> String {
+            (0..n)
+                .map(|i| device(&format!("m{i}"), "memory", ""))
+                .collect()
+        };
+        let full = rtl_kernels_config(&format!("{echo}{sum}{}", memories(4)));
+        assert_eq!(check_kernels(&full, PlaneKind::Rtl), Ok(()));
+        let crowded = rtl_kernels_config(&format!("{echo}{sum}{}", memories(5)));
         assert_eq!(
             check_kernels(&crowded, PlaneKind::Rtl),
             Err(
-                "the RTL plane with kernels has 2 ports besides its kernels' (4 in all), \
-                 and this daemon needs 3: its own, 1 for its other devices and one for an \
-                 application"
+                "the RTL plane with kernels has 6 ports besides its kernels' (8 in all), \
+                 and this daemon needs 7: its own, 5 for its other devices and one for an \
+                 application (the rest are for further applications and tunnels)"
                     .to_owned()
             )
         );
@@ -354,11 +370,13 @@ mod tests {
         };
         let mut kernel = PortSpec::app("s");
         kernel.kind = PortKind::Device;
-        // The kernel's port, whatever the order; the others for the rest;
-        // the echo kernel's port for nobody.
+        // The kernel's port, whatever the order; ports 0 to 5 for the
+        // rest; the echo kernel's port for nobody.
         assert_eq!(attach(PortSpec::app("a")), Ok(0));
-        assert_eq!(attach(kernel), Ok(3));
-        assert_eq!(attach(PortSpec::app("b")), Ok(1));
-        assert!(attach(PortSpec::app("c")).is_err());
+        assert_eq!(attach(kernel), Ok(7));
+        for p in 1..6 {
+            assert_eq!(attach(PortSpec::app(&format!("b{p}"))), Ok(p));
+        }
+        assert!(attach(PortSpec::tunnel("t", 0, 1024)).is_err());
     }
 }

@@ -206,8 +206,8 @@ async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large
 }
 
 /// The same host test against the Verilog kernels on the RTL plane
-/// (`backend = "rtl"`, `--plane rtl`): echo on RTL port 2, sum32 on port
-/// 3, the same sizes (4 B to 64 KiB - 1), 2,000 messages (about 3 s);
+/// (`backend = "rtl"`, `--plane rtl`): echo on RTL port 6, sum32 on port
+/// 7, the same sizes (4 B to 64 KiB - 1), 2,000 messages (about 3 s);
 /// the RTL counts what crossed each kernel's port.
 #[cfg(feature = "rtl")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,7 +231,7 @@ async fn the_rtl_kernels_answer_the_same_messages_byte_exact() {
     assert_eq!(status["plane"], "rtl");
     let count = 2_000;
     let sent = byte_exact(&dir, count, 16).await;
-    for (name, number, function, port, k) in [("k2", 2, "echo", 2, 0), ("k3", 3, "sum32", 3, 1)] {
+    for (name, number, function, port, k) in [("k2", 2, "echo", 6, 0), ("k3", 3, "sum32", 7, 1)] {
         let d = device(&client, name).await;
         assert_eq!(
             (

@@ -118,18 +118,18 @@ model!(
     up_n8_axil_out
 );
 model!(
-    K4,
-    up_k4_new,
-    up_k4_free,
-    up_k4_ports,
-    up_k4_stacks,
-    up_k4_set_rst,
-    up_k4_eval,
-    up_k4_tick,
-    up_k4_set_in,
-    up_k4_in_ready,
-    up_k4_set_out_ready,
-    up_k4_out,
-    up_k4_set_axil,
-    up_k4_axil_out
+    K8,
+    up_k8_new,
+    up_k8_free,
+    up_k8_ports,
+    up_k8_stacks,
+    up_k8_set_rst,
+    up_k8_eval,
+    up_k8_tick,
+    up_k8_set_in,
+    up_k8_in_ready,
+    up_k8_set_out_ready,
+    up_k8_out,
+    up_k8_set_axil,
+    up_k8_axil_out
 );

@@ -173,8 +173,8 @@ impl RtlPlane {
         }
         // The kernels' ports carry nothing on the host side: no ordinary
         // attach lands there.
-        if config.model == Model::N4Kernels {
-            for p in [Model::ECHO_PORT, Model::SUM32_PORT] {
+        if let Some((echo, sum32)) = config.model.kernel_ports() {
+            for p in [echo, sum32] {
                 plane.reserved[p] = Some(String::new());
             }
         }
@@ -184,7 +184,7 @@ impl RtlPlane {
     /// Keeps RTL port `port` for the device port named `name`: the
     /// attach of a [`PortKind::Device`] spec of that name lands there, and
     /// no other attach does. This is how a kernel of the RTL
-    /// ([`Model::N4Kernels`]) becomes a device of the daemon: its port is
+    /// ([`Model::N8Kernels`]) becomes a device of the daemon: its port is
     /// attached under the device's name, and what the crossbar sends it
     /// is answered by the kernel itself.
     pub fn reserve(&mut self, port: PortId, name: &str) -> Result<(), PlaneError> {

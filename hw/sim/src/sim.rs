@@ -11,13 +11,14 @@ pub enum Model {
     N4,
     /// 8 overlay ports, 32-beat virtual output queues, 2 underlay stacks.
     N8,
-    /// [`Model::N4`] with kernels on two of its ports
+    /// [`Model::N8`] with kernels on two of its ports
     /// (`hw/rtl/kernels/up_top_kernels.v`): the echo kernel on
     /// [`Model::ECHO_PORT`], the sum32 kernel on [`Model::SUM32_PORT`].
     /// What the crossbar sends those ports goes to the kernel, and the
     /// kernel's answers enter the port's connector like a device's
-    /// messages; the host side of those ports carries nothing.
-    N4Kernels,
+    /// messages; the host side of those ports carries nothing, so ports
+    /// 0 to 5 are the host's.
+    N8Kernels,
 }
 
 impl Model {
@@ -25,22 +26,31 @@ impl Model {
         match self {
             Model::N4 => ffi::N4,
             Model::N8 => ffi::N8,
-            Model::N4Kernels => ffi::K4,
+            Model::N8Kernels => ffi::K8,
         }
     }
 
-    /// The port of [`Model::N4Kernels`] the echo kernel sits on.
-    pub const ECHO_PORT: usize = 2;
+    /// The port of [`Model::N8Kernels`] the echo kernel sits on.
+    pub const ECHO_PORT: usize = 6;
 
-    /// The port of [`Model::N4Kernels`] the sum32 kernel sits on.
-    pub const SUM32_PORT: usize = 3;
+    /// The port of [`Model::N8Kernels`] the sum32 kernel sits on.
+    pub const SUM32_PORT: usize = 7;
+
+    /// The ports of this model's kernels, `(echo, sum32)`; `None` for a
+    /// model without kernels.
+    pub fn kernel_ports(self) -> Option<(usize, usize)> {
+        match self {
+            Model::N8Kernels => Some((Model::ECHO_PORT, Model::SUM32_PORT)),
+            Model::N4 | Model::N8 => None,
+        }
+    }
 
     /// Beats each virtual output queue of this model may always hold; the
     /// queues of an input share [`Model::voq_pool`] beats more.
     pub fn voq_depth(self) -> usize {
         match self {
-            Model::N4 | Model::N4Kernels => 64,
-            Model::N8 => 32,
+            Model::N4 => 64,
+            Model::N8 | Model::N8Kernels => 32,
         }
     }
 

@@ -1,4 +1,4 @@
-//! The RTL kernels on ports of the RTL plane (`Model::N4Kernels`): SEND
+//! The RTL kernels on ports of the RTL plane (`Model::N8Kernels`): SEND
 //! messages from host port 0 cross the crossbar to the echo kernel (port
 //! 2) and the sum32 kernel (port 3), and their answers cross it back to
 //! port 0. Every answer must be byte for byte what the Rust kernels answer
@@ -28,7 +28,7 @@ fn uid(p: usize) -> Uid {
 /// The plane with its kernels, programmed so that port 0 reaches both
 /// kernels and both kernels answer to port 0.
 fn device() -> RtlDevice {
-    let mut dev = RtlDevice::new(Model::N4Kernels);
+    let mut dev = RtlDevice::new(Model::N8Kernels);
     for p in [HOST, ECHO, SUM32] {
         dev.add_acl_rule(p as PortId, AclRule::ALLOW_ALL).unwrap();
     }

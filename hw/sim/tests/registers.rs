@@ -14,7 +14,7 @@ fn uid(d: u16) -> Uid {
 
 #[test]
 fn the_blocks_chain_from_the_id_block_through_every_port_to_the_underlay() {
-    for (model, ports) in [(Model::N4, 4), (Model::N8, 8), (Model::N4Kernels, 4)] {
+    for (model, ports) in [(Model::N4, 4), (Model::N8, 8), (Model::N8Kernels, 8)] {
         let dev = RtlDevice::new(model);
         let kinds: Vec<u32> = dev.blocks().iter().map(|b| b.kind).collect();
         let mut want = vec![regs::kind::ID];

@@ -489,13 +489,13 @@ fn the_largest_message_crosses_whole() {
 }
 
 /// On the kernel model, the kernels' ports are kept: ordinary attaches
-/// take the host's ports 0 and 1 only, and the device port named in
+/// take the host's ports 0 to 5 only, and the device port named in
 /// `reserve` lands on its kernel's port, whose kernel then answers what
 /// the crossbar sends it (the daemon's `backend = "rtl"` kernel device).
 #[test]
 fn a_reserved_kernel_port_goes_to_its_device_and_its_kernel_answers() {
     let mut plane = RtlPlane::new(RtlPlaneConfig {
-        model: Model::N4Kernels,
+        model: Model::N8Kernels,
         ..RtlPlaneConfig::default()
     });
     plane.reserve(Model::SUM32_PORT as PortId, "sum").unwrap();
@@ -506,9 +506,16 @@ fn a_reserved_kernel_port_goes_to_its_device_and_its_kernel_answers() {
     // An application of the same name is not the device.
     let (b, _lb) = plane.attach(PortSpec::app("sum")).unwrap();
     assert_eq!((a, k, b), (0, Model::SUM32_PORT as PortId, 1));
+    let more: Vec<_> = (2..6)
+        .map(|i| plane.attach(PortSpec::app(&format!("c{i}"))).unwrap())
+        .collect();
     assert_eq!(
-        plane.attach(PortSpec::app("c")).map(|(p, _)| p),
-        Err(PlaneError::TooManyPorts(4))
+        more.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        [2, 3, 4, 5]
+    );
+    assert_eq!(
+        plane.attach(PortSpec::app("d")).map(|(p, _)| p),
+        Err(PlaneError::TooManyPorts(8))
     );
     plane.add_route(a, Route::exact(uid(3), k)).unwrap();
     plane.add_route(k, Route::exact(uid(1), a)).unwrap();
