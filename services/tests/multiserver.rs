@@ -5,7 +5,10 @@
 //! restarted one that applications reconnect to.
 //!
 //! With the `rtl` feature the same runs with every server on the RTL plane
-//! and with servers alternating engine, RTL, engine.
+//! and with servers alternating engine, RTL, engine; and, on two servers,
+//! an application on server A calls the Verilog sum32 kernel of server B
+//! (`backend = "rtl"`, B on the RTL plane) across the tunnel, with A on
+//! either plane: 300 random messages, every sum byte-exact.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -539,4 +542,161 @@ async fn relay_rx(runtime: &Path) -> u64 {
     let c = Client::connect(runtime).await.unwrap();
     let t = c.request(&Request::Tables { device: 2 }).await.unwrap();
     t["counters"]["rx_msgs"].as_u64().unwrap()
+}
+
+/// An application on server A calls the Verilog sum32 kernel on server B
+/// (`backend = "rtl"`, B on the RTL plane's kernel model) across the
+/// tunnel, with A on the engine.
+#[cfg(feature = "rtl")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_calls_an_rtl_kernel_on_another_server_from_the_engine() {
+    app_calls_a_remote_rtl_kernel("engine").await;
+}
+
+/// The same with A on the RTL plane too.
+#[cfg(feature = "rtl")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_calls_an_rtl_kernel_on_another_server_from_the_rtl_plane() {
+    app_calls_a_remote_rtl_kernel("rtl").await;
+}
+
+/// Server `i` of two: `plane` for server A (0); server B (1) on the RTL
+/// plane with the RTL sum32 kernel as device 3 beside an echo device.
+#[cfg(feature = "rtl")]
+fn kernel_config(lan: &Lan, i: usize, runtime: &Path, plane: &str, secret: &Path) -> String {
+    let me = lan.addrs[i];
+    let peer = lan.addrs[1 - i];
+    let mut c = format!(
+        r#"
+plane = "{plane}"
+
+[server]
+id = "{me}"
+name = "server{i}"
+peer_listen = "{me}:7460"
+
+[runtime]
+dir = "{}"
+
+[[stacks]]
+name = "tcp"
+listen = "{me}:7470"
+
+[[devices]]
+name = "echo"
+kind = "echo"
+device = 1
+memory = 65536
+
+[failure]
+heartbeat_ms = 50
+misses = 6
+
+[cluster]
+secret = "{}"
+
+[policy]
+default = "allow"
+
+[[peers]]
+server = "{peer}"
+address = "{peer}:7460"
+tunnel = "{peer}:7470"
+stack = "tcp"
+"#,
+        runtime.display(),
+        secret.display(),
+    );
+    if i == 1 {
+        c.push_str(
+            "\n[[devices]]\nname = \"sum\"\nkind = \"kernel\"\ndevice = 3\n\
+             backend = \"rtl\"\nfunction = \"sum32\"\n",
+        );
+    }
+    c
+}
+
+#[cfg(feature = "rtl")]
+async fn app_calls_a_remote_rtl_kernel(plane_a: &str) {
+    if !uniplane_netns::require("app_calls_a_remote_rtl_kernel", false) {
+        return;
+    }
+    let lan = Lan::new(2);
+    let dir = std::env::temp_dir().join(format!("uniplane-rtlk-{}-{plane_a}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("cluster.key");
+    let _ = std::fs::remove_file(&secret);
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let planes = [plane_a, "rtl"];
+    let mut servers: Vec<Server> = (0..2)
+        .map(|i| {
+            let runtime = dir.join(format!("s{i}"));
+            std::fs::create_dir_all(&runtime).unwrap();
+            let file = dir.join(format!("s{i}.toml"));
+            std::fs::write(&file, kernel_config(&lan, i, &runtime, planes[i], &secret)).unwrap();
+            Server {
+                ns_name: lan.servers[i].name().to_owned(),
+                config: file,
+                runtime,
+                child: None,
+            }
+        })
+        .collect();
+    for s in &mut servers {
+        s.start();
+    }
+    for s in &servers {
+        let rt = s.runtime.clone();
+        until("peers up", Duration::from_secs(15), || peers_alive(&rt, 1)).await;
+    }
+    let app = session(&servers[0].runtime, "app").await;
+    // Server B's echo device, then its RTL kernel, by their UIDs.
+    let mut echo = app
+        .connect(Uid::new(lan.addrs[1], 1).port(7))
+        .await
+        .expect("connect to B's echo");
+    assert_eq!(
+        echo_round_trip(&mut echo, "hello B")
+            .await
+            .unwrap()
+            .as_ref(),
+        b"hello B"
+    );
+    let mut sum = app
+        .connect(Uid::new(lan.addrs[1], 3).port(7))
+        .await
+        .expect("connect to B's rtl kernel");
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ planes.len() as u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let count = 300;
+    for i in 0..count {
+        let words: Vec<u32> = (0..1 + next() % 512).map(|_| next() as u32).collect();
+        let payload: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let want = words.iter().fold(0u32, |a, w| a.wrapping_add(*w));
+        sum.send_bytes(Bytes::from(payload)).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), sum.recv())
+            .await
+            .unwrap_or_else(|_| panic!("answer {i} never came"))
+            .expect("the connection stays open")
+            .unwrap_or_else(|e| panic!("answer {i}: {e:?}"));
+        assert_eq!(
+            answer.payload().as_ref(),
+            want.to_le_bytes(),
+            "message {i} of {} words",
+            words.len()
+        );
+    }
+    // B's kernel port counted each message and each answer.
+    let b = Client::connect(&servers[1].runtime).await.unwrap();
+    let t = b.request(&Request::Tables { device: 3 }).await.unwrap();
+    assert_eq!(t["port"], 7, "{t}");
+    assert_eq!(t["counters"]["rx_msgs"], count, "{t}");
+    app.close(sum).await.unwrap();
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
 }
