@@ -81,7 +81,32 @@ impl EtcdCluster {
             let r = unsafe { libc::kill(m.id() as libc::pid_t, sig) };
             assert_eq!(r, 0, "signal etcd");
         }
+        if sig == libc::SIGSTOP {
+            // kill(2) only queues the stop: a member on another CPU may
+            // still commit a write before it halts. Return once each is
+            // really stopped.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            for m in &self.members[..n] {
+                while !stopped(m.id()) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "etcd member {} not stopped",
+                        m.id()
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
     }
+}
+
+/// Whether process `pid` is stopped by a signal (state `T` in
+/// `/proc/PID/stat`, the field after the command's closing parenthesis).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+    })
 }
 
 impl Drop for EtcdCluster {
