@@ -39,6 +39,7 @@
 pub mod connect;
 pub mod device;
 pub mod dma;
+pub mod grant;
 pub mod hybrid;
 mod link;
 pub mod mailbox;

@@ -249,6 +249,18 @@ impl SharedMemory {
         true
     }
 
+    /// A new descriptor of the same memfd opened read-only, to hand to a
+    /// process that may read the memory but not write it: a shared
+    /// writable mapping of it fails (`EACCES`), whatever the process does.
+    pub fn reopen_read_only(&self) -> io::Result<OwnedFd> {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+            .map_err(|_| io::Error::other("descriptor path"))?;
+        // SAFETY: a valid C string and valid flags.
+        let raw = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+        // SAFETY: open returned a fresh descriptor we now own.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    }
+
     /// Sets `len` bytes at `offset` to `byte`; `false` when out of bounds.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> bool {
         if !self.contains(offset, len) {
@@ -276,6 +288,116 @@ pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     // SAFETY: fstat succeeded, so the struct is initialised.
     let st = unsafe { st.assume_init() };
     u64::try_from(st.st_size).map_err(|_| io::Error::other("negative file size"))
+}
+
+/// A shared memory object (memfd) mapped read-only into this process:
+/// what a process reads that another owns (a lent memory region, the word
+/// that says whether the loan still stands).
+pub struct ReadOnlyMemory {
+    _fd: OwnedFd,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: as for `SharedMemory`: reads go through raw copies and atomics.
+unsafe impl Send for ReadOnlyMemory {}
+// SAFETY: as above; no method hands out a reference to non-atomic bytes.
+unsafe impl Sync for ReadOnlyMemory {}
+
+impl std::fmt::Debug for ReadOnlyMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadOnlyMemory")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl ReadOnlyMemory {
+    /// Maps a received memfd read-only, after checking that it is sealed
+    /// against shrinking and exactly `len` bytes long.
+    pub fn open(fd: OwnedFd, len: usize) -> io::Result<ReadOnlyMemory> {
+        // SAFETY: plain syscall on a descriptor we own.
+        let seals = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
+        if seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "shared memory is not sealed against shrinking",
+            ));
+        }
+        let size = file_size(fd.as_fd())?;
+        if size != len as u64 || len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("shared memory is {size} bytes, {len} expected"),
+            ));
+        }
+        // SAFETY: a fresh read-only shared mapping of a file at least `len`
+        // long (its size is sealed).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
+        Ok(ReadOnlyMemory { _fd: fd, ptr, len })
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: an empty region is refused by `open`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The 64-bit word at `offset`, read with acquire ordering; `None`
+    /// when out of bounds or not 8-byte aligned.
+    #[inline]
+    pub fn load_u64(&self, offset: usize) -> Option<u64> {
+        if !offset.is_multiple_of(8) || offset.checked_add(8).is_none_or(|e| e > self.len) {
+            return None;
+        }
+        // SAFETY: in bounds and aligned; an atomic load only reads, which a
+        // read-only mapping allows; the memory lives as long as `self`.
+        let word = unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() };
+        Some(word.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Copies bytes at `offset` into `dst`; `false` (and nothing read)
+    /// when the range is out of bounds.
+    #[inline]
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> bool {
+        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len) {
+            return false;
+        }
+        // SAFETY: the source range is inside the mapping; `dst` is private.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        true
+    }
+}
+
+impl Drop for ReadOnlyMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `open` mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
 }
 
 /// A non-blocking eventfd: a doorbell another process can ring.
