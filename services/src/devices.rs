@@ -30,6 +30,10 @@ use crate::config::DeviceKind;
 
 pub mod gpu;
 pub mod kernel;
+pub mod region;
+
+use region::{HostRegion, RegionView};
+use std::sync::Arc;
 
 /// Byte storage a memory device serves: what [`handle`] needs of host or
 /// GPU memory.
@@ -41,6 +45,12 @@ pub trait MemoryStore {
 
     /// The `len` bytes at `addr`, or why not (as [`MemoryStore::store`]).
     fn load(&mut self, addr: u64, len: usize) -> Result<Bytes, Status>;
+
+    /// Whether an access can go now; false only while lent memory is
+    /// being taken back, and then `waker` is woken once it is over.
+    fn ready(&mut self, _waker: Option<&std::task::Waker>) -> bool {
+        true
+    }
 }
 
 /// The device's memory: bounds-checked byte access.
@@ -183,9 +193,58 @@ pub fn handle<M: MemoryStore + ?Sized>(
     }
 }
 
-/// Runs a device on `link` until the link closes.
-pub async fn run<L: Link>(kind: DeviceKind, memory_bytes: usize, link: L) {
-    serve(kind, &mut Memory::new(memory_bytes), link).await
+/// A device's memory: private bytes, or (a host memory device) a region
+/// the daemon can lend to processes by mapping.
+#[derive(Debug)]
+pub enum Store {
+    /// Bytes only the device touches.
+    Private(Memory),
+    /// A region processes may map ([`HostRegion`]).
+    Region(RegionView),
+}
+
+impl Store {
+    /// `memory_bytes` of private memory, or a view of `region`.
+    pub fn new(memory_bytes: usize, region: Option<&Arc<HostRegion>>) -> Store {
+        match region {
+            Some(r) => Store::Region(r.view()),
+            None => Store::Private(Memory::new(memory_bytes)),
+        }
+    }
+}
+
+impl MemoryStore for Store {
+    fn store(&mut self, addr: u64, data: &[u8]) -> Result<(), Status> {
+        match self {
+            Store::Private(m) => m.store(addr, data),
+            Store::Region(v) => v.store(addr, data),
+        }
+    }
+
+    fn load(&mut self, addr: u64, len: usize) -> Result<Bytes, Status> {
+        match self {
+            Store::Private(m) => m.load(addr, len),
+            Store::Region(v) => v.load(addr, len),
+        }
+    }
+
+    fn ready(&mut self, waker: Option<&std::task::Waker>) -> bool {
+        match self {
+            Store::Private(_) => true,
+            Store::Region(v) => v.ready(waker),
+        }
+    }
+}
+
+/// Runs a device on `link` until the link closes; its memory is `region`
+/// when given, else `memory_bytes` of its own.
+pub async fn run<L: Link>(
+    kind: DeviceKind,
+    memory_bytes: usize,
+    region: Option<Arc<HostRegion>>,
+    link: L,
+) {
+    serve(kind, &mut Store::new(memory_bytes, region.as_ref()), link).await
 }
 
 /// Serves `memory` as a `kind` device on `link` until the link closes,
@@ -203,6 +262,16 @@ pub async fn serve<M: MemoryStore + ?Sized, L: Link>(
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+        // Memory being taken back from its borrowers: wait (without
+        // blocking the thread) until it has moved.
+        std::future::poll_fn(|cx| {
+            if memory.ready(Some(cx.waker())) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
         outbox.extend(inbox.drain(..).filter_map(|m| handle(kind, memory, m)));
         if !outbox.is_empty() && link.send_batch(&mut outbox).await.is_err() {
             return;
@@ -224,30 +293,39 @@ pub const INLINE_ANSWERS: usize = 256;
 #[derive(Debug)]
 pub struct InlinePort {
     kind: DeviceKind,
-    memory: Memory,
+    memory: Store,
     answers: VecDeque<Message>,
     capacity: usize,
 }
 
 impl InlinePort {
-    /// A `kind` device with `memory_bytes` of memory whose answer queue
-    /// holds `capacity` messages (at least 1).
-    pub fn new(kind: DeviceKind, memory_bytes: usize, capacity: usize) -> Self {
+    /// A `kind` device with `memory_bytes` of memory (or `region`'s)
+    /// whose answer queue holds `capacity` messages (at least 1).
+    pub fn new(
+        kind: DeviceKind,
+        memory_bytes: usize,
+        region: Option<&Arc<HostRegion>>,
+        capacity: usize,
+    ) -> Self {
         let capacity = capacity.max(1);
         InlinePort {
             kind,
-            memory: Memory::new(memory_bytes),
+            memory: Store::new(memory_bytes, region),
             answers: VecDeque::with_capacity(capacity),
             capacity,
         }
     }
 }
 
-/// A `kind` device with `memory_bytes` of memory, ready to attach with
-/// `Engine::attach_io` (or `PlaneOp::AttachIo`) as a device port: the
-/// device runs inside the engine thread.
-pub fn inline_port(kind: DeviceKind, memory_bytes: usize) -> Box<dyn PortIo> {
-    Box::new(InlinePort::new(kind, memory_bytes, INLINE_ANSWERS))
+/// A `kind` device with `memory_bytes` of memory (or `region`'s), ready
+/// to attach with `Engine::attach_io` (or `PlaneOp::AttachIo`) as a
+/// device port: the device runs inside the engine thread.
+pub fn inline_port(
+    kind: DeviceKind,
+    memory_bytes: usize,
+    region: Option<&Arc<HostRegion>>,
+) -> Box<dyn PortIo> {
+    Box::new(InlinePort::new(kind, memory_bytes, region, INLINE_ANSWERS))
 }
 
 impl PortIo for InlinePort {
@@ -275,12 +353,17 @@ impl PortIo for InlinePort {
         }
     }
 
+    /// 0 while the device's region is being taken back (the engine's
+    /// queues hold its messages until it has moved).
     fn free(&mut self) -> usize {
+        if !self.memory.ready(None) {
+            return 0;
+        }
         self.capacity - self.answers.len()
     }
 
     fn push(&mut self, m: Message) -> Result<(), Message> {
-        if self.answers.len() >= self.capacity {
+        if self.answers.len() >= self.capacity || !self.memory.ready(None) {
             return Err(m);
         }
         if let Some(answer) = handle(self.kind, &mut self.memory, m) {
@@ -291,8 +374,12 @@ impl PortIo for InlinePort {
 
     fn flush(&mut self) {}
 
-    /// Room appears only when the engine itself reads answers.
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+    /// Room appears when the engine itself reads answers, or when a
+    /// region taken back has moved (which wakes `cx`).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        if !self.memory.ready(Some(cx.waker())) {
+            return Poll::Pending;
+        }
         if self.free() > 0 {
             Poll::Ready(Ok(()))
         } else {
@@ -402,7 +489,7 @@ mod tests {
 
     #[test]
     fn an_inline_echo_answers_at_once_and_holds_back_when_its_answers_are_full() {
-        let mut port = InlinePort::new(DeviceKind::Echo, 0, 2);
+        let mut port = InlinePort::new(DeviceKind::Echo, 0, None, 2);
         let m = |i| {
             let mut m = Message::send(
                 uid("1.1.1.1:5").port(9),

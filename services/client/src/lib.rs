@@ -64,6 +64,7 @@
 mod connection;
 mod control;
 mod error;
+mod mapping;
 pub mod protocol;
 mod runtime;
 mod session;
@@ -72,6 +73,7 @@ mod window;
 pub use connection::{Connection, Listener};
 pub use control::{Client, DataPathOptions, Wait};
 pub use error::ClientError;
+pub use mapping::MappedMemory;
 pub use runtime::{
     check_runtime_dir, client_runtime_dir, prepare_runtime_dir, runtime_dir, RuntimeDirError,
     CONTROL_SOCKET, DATA_SOCKET, SYSTEM_RUNTIME_DIR,

@@ -177,6 +177,13 @@ pub enum Request {
     /// The cluster's directory: servers, their leases, names; and how
     /// this daemon's own claims stand.
     Directory,
+    /// Maps the memory of a local host memory device into the attached
+    /// process, as the access rules allow (READ; WRTE for a writable
+    /// mapping); the answer ([`Mapping`]) says how to claim it.
+    Map {
+        /// The device number.
+        device: u16,
+    },
 }
 
 /// Reads one control request line as the daemon does (after it has
@@ -244,6 +251,9 @@ enum RequestIn {
         name: String,
     },
     Directory {},
+    Map {
+        device: u16,
+    },
 }
 
 /// [`ConnSpec`] as a control request carries it: no other fields.
@@ -296,6 +306,7 @@ impl From<RequestIn> for Request {
             RequestIn::Register { name } => Request::Register { name },
             RequestIn::Resolve { name } => Request::Resolve { name },
             RequestIn::Directory {} => Request::Directory,
+            RequestIn::Map { device } => Request::Map { device },
             RequestIn::Close { conn } => Request::Close {
                 conn: ConnSpec {
                     src: conn.src,
@@ -406,6 +417,55 @@ pub struct Attached {
     pub data_socket: String,
     /// Token to present on the data socket.
     pub token: u64,
+}
+
+/// The answer to [`Request::Map`]: the mapping waits on the data socket
+/// for the token, and comes as two descriptors (the memory, read-only
+/// unless `writable`, and its grant word) after a [`MapHello`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Mapping {
+    /// The device number.
+    pub device: u16,
+    /// Bytes of the memory.
+    pub len: u64,
+    /// Whether the mapping may be written.
+    pub writable: bool,
+    /// Unix socket to claim it on.
+    pub data_socket: String,
+    /// Token to present there.
+    pub token: u64,
+}
+
+/// What the daemon sends with a mapping's descriptors: a magic word and
+/// the memory's length, checked against the [`Mapping`] answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapHello {
+    /// Bytes of the memory.
+    pub len: u64,
+}
+
+impl MapHello {
+    const MAGIC: u64 = u64::from_be_bytes(*b"UNIPMAP1");
+    /// Bytes on the wire.
+    pub const BYTES: usize = 16;
+
+    /// The hello's bytes.
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[..8].copy_from_slice(&Self::MAGIC.to_le_bytes());
+        b[8..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Reads a hello; `None` unless it is exactly one.
+    pub fn decode(b: &[u8]) -> Option<MapHello> {
+        if b.len() != Self::BYTES || b[..8] != Self::MAGIC.to_le_bytes() {
+            return None;
+        }
+        Some(MapHello {
+            len: u64::from_le_bytes(b[8..].try_into().ok()?),
+        })
+    }
 }
 
 #[cfg(test)]

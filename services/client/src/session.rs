@@ -762,6 +762,25 @@ impl Session {
         }
     }
 
+    /// Maps the memory of `device`, a host memory device of this daemon,
+    /// into this process: one-sided writes and reads then are this
+    /// process's own copies ([`crate::MappedMemory`]). Granted as the
+    /// daemon's access rules allow this resource READ (and WRTE, for a
+    /// writable mapping) on the device; taken back when they no longer do
+    /// or the session ends. Memory on another server, and devices whose
+    /// memory is not host memory, are refused: use [`Session::write`].
+    pub async fn map(&self, device: Uid) -> Result<crate::MappedMemory, ClientError> {
+        if device.server() != self.uid().server() {
+            return Err(ClientError::Daemon {
+                kind: "bad-request".into(),
+                message: format!(
+                    "{device} is on another server: only this server's memory can be mapped"
+                ),
+            });
+        }
+        crate::MappedMemory::open(&self.client.control, device).await
+    }
+
     /// Claims `name` for this resource in the cluster's directory, so
     /// that any process on any server finds it with [`Client::resolve`];
     /// held until the session ends. Fails when another resource holds

@@ -66,6 +66,8 @@ pub struct DeviceSpec {
     pub relay: bool,
     /// A label for listings (`echo`, `memory`, `relay`).
     pub label: String,
+    /// Whether local processes may map its memory (a host memory device).
+    pub mappable: bool,
 }
 
 /// A configured multi-hop route: traffic from `from` to `to` goes through

@@ -56,6 +56,15 @@ pub enum ClientRequest {
         /// The connection.
         conn: ConnKey,
     },
+    /// Lends the session the memory of a local host memory device by
+    /// mapping (DUA's one-sided access without a message per access):
+    /// granted as the access rules allow the session's resource READ (and
+    /// WRTE, for a writable mapping) on the device, taken back when they no
+    /// longer do or the session ends.
+    Map {
+        /// Device number.
+        device: u16,
+    },
     /// Sets the scheduling policy of a device's port.
     SetPolicy {
         /// Device number.
@@ -81,6 +90,13 @@ pub enum Reply {
     Connected(ConnKey),
     /// Done, nothing to say (close, a peer's connection admitted).
     Done,
+    /// The device's memory may be mapped: read-only unless `writable`.
+    Mapped {
+        /// The device number.
+        device: u16,
+        /// Whether the rules allow writes too.
+        writable: bool,
+    },
 }
 
 /// Why a request failed. [`ControlError::kind`] is the stable word the
@@ -424,6 +440,15 @@ pub enum Action {
     ClosePeerChannel {
         /// The peer.
         server: Ipv4Addr,
+    },
+    /// Take back the memory of `device` that `session` mapped: the rules no
+    /// longer allow it, or the session ended. The driver revokes every
+    /// mapping of that memory and moves it (other sessions map it again).
+    Unmap {
+        /// The session.
+        session: SessionId,
+        /// The device number.
+        device: u16,
     },
     /// A connection was set up, with the time it took (for metrics).
     Opened {

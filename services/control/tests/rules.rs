@@ -463,3 +463,104 @@ fn a_shutdown_closes_every_connection_and_tells_its_ends() {
     assert_eq!(h.core.connections().count(), 0);
     h.check();
 }
+
+/// The harness's configuration with a host memory device (3) that
+/// processes may map.
+fn with_memory() -> ControlConfig {
+    let mut c = config();
+    c.devices.push(DeviceSpec {
+        name: "mem".into(),
+        device: Some(3),
+        relay: false,
+        label: "memory".into(),
+        mappable: true,
+    });
+    c
+}
+
+fn unmaps(h: &mut Harness) -> Vec<(SessionId, u16)> {
+    let mut out = Vec::new();
+    h.out.retain(|a| match a {
+        Action::Unmap { session, device } => {
+            out.push((*session, *device));
+            false
+        }
+        _ => true,
+    });
+    out
+}
+
+fn deny(src: uniplane_dataplane::Uid, types: Vec<ReqType>) -> Event {
+    Event::Rules {
+        rules: vec![AccessRule {
+            src: UidMatch {
+                key: src,
+                mask: uniplane_dataplane::Uid::MASK,
+            },
+            dst: UidMatch::ANY,
+            types: Some(types),
+            allow: false,
+        }],
+        default_action: DefaultAction::Allow,
+    }
+}
+
+#[test]
+fn only_a_host_memory_device_is_lent_and_only_as_the_rules_allow() {
+    let mut h = Harness::new(with_memory());
+    let map = |h: &mut Harness, s, device| h.ask(s, ClientRequest::Map { device });
+    assert_eq!(map(&mut h, A, 3).unwrap_err().kind(), "not-attached");
+    let app = h.attach(A, "app");
+    assert_eq!(map(&mut h, A, 9).unwrap_err().kind(), "not-found");
+    let echo = map(&mut h, A, 1).unwrap_err();
+    assert!(
+        echo.to_string().contains("no memory a process can map"),
+        "{echo}"
+    );
+    assert_eq!(
+        map(&mut h, A, 3),
+        Ok(Reply::Mapped {
+            device: 3,
+            writable: true
+        })
+    );
+    // Writes denied: the writable mapping is taken back; mapping again
+    // gives a read-only one.
+    h.event(deny(app, vec![ReqType::Write]));
+    assert_eq!(unmaps(&mut h), vec![(A, 3)]);
+    assert_eq!(
+        map(&mut h, A, 3),
+        Ok(Reply::Mapped {
+            device: 3,
+            writable: false
+        })
+    );
+    // The same rules again take nothing more back.
+    h.event(deny(app, vec![ReqType::Write]));
+    assert_eq!(unmaps(&mut h), vec![]);
+    // Reads denied: taken back, and no mapping at all.
+    h.event(deny(app, vec![ReqType::Read]));
+    assert_eq!(unmaps(&mut h), vec![(A, 3)]);
+    assert_eq!(map(&mut h, A, 3).unwrap_err().kind(), "denied");
+    h.check();
+}
+
+#[test]
+fn a_session_that_ends_gives_back_what_it_mapped_and_others_keep_theirs() {
+    let mut h = Harness::new(with_memory());
+    h.attach(A, "one");
+    h.attach(B, "two");
+    for s in [A, B] {
+        assert!(matches!(
+            h.ask(s, ClientRequest::Map { device: 3 }),
+            Ok(Reply::Mapped { .. })
+        ));
+    }
+    h.event(Event::ClientClosed { session: A });
+    assert_eq!(unmaps(&mut h), vec![(A, 3)]);
+    h.event(Event::ClientClosed { session: B });
+    assert_eq!(unmaps(&mut h), vec![(B, 3)]);
+    h.event(Event::ClientClosed { session: B });
+    assert_eq!(unmaps(&mut h), vec![]);
+    h.check();
+}

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use uniplane_client::protocol::MapHello;
 
 use super::driver::PortLink;
 use super::sessions::bind_unix;
@@ -31,13 +32,14 @@ async fn accept(shared: Arc<Shared>, listener: UnixListener) {
             if !matches!(read, Ok(Ok(_))) {
                 return;
             }
+            let token = u64::from_le_bytes(token);
             let taken = shared
                 .pending_data
                 .lock()
                 .ok()
-                .and_then(|mut p| p.remove(&u64::from_le_bytes(token)));
+                .and_then(|mut p| p.remove(&token));
             let Some((device, link)) = taken else {
-                tracing::warn!("data connection with an unknown token");
+                lend(&shared, token, stream).await;
                 return;
             };
             if stream.write_all(&[1]).await.is_err() {
@@ -76,5 +78,49 @@ async fn accept(shared: Arc<Shared>, listener: UnixListener) {
                 PortLink::Inline => tracing::warn!(device, "a data connection for a device"),
             }
         });
+    }
+}
+
+/// Hands a granted mapping to the process that presents its token: the
+/// memory's descriptor (read-only unless writable) and its grant word's,
+/// after a [`MapHello`]. The loan is made while the token is taken, under
+/// the same lock the driver's take-backs clear tokens under, so a grant
+/// the core has taken back is never lent.
+async fn lend(shared: &Shared, token: u64, stream: UnixStream) {
+    let loan = {
+        let Ok(mut pending) = shared.pending_maps.lock() else {
+            return;
+        };
+        let Some(p) = pending.remove(&token) else {
+            tracing::warn!("data connection with an unknown token");
+            return;
+        };
+        p.region.lend(p.writable)
+    };
+    let loan = match loan {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("mapping not lent: {e}");
+            return;
+        }
+    };
+    let hello = MapHello {
+        len: loan.len as u64,
+    }
+    .encode();
+    let sent = stream
+        .async_io(Interest::WRITABLE, || {
+            uniplane_shm::sys::send_with_fds(
+                std::os::fd::AsFd::as_fd(&stream),
+                &hello,
+                &[
+                    std::os::fd::AsFd::as_fd(&loan.region),
+                    std::os::fd::AsFd::as_fd(&loan.grant),
+                ],
+            )
+        })
+        .await;
+    if let Err(e) = sent {
+        tracing::warn!("mapping not handed over: {e}");
     }
 }

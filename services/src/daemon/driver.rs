@@ -75,7 +75,7 @@ pub(super) enum PortLink {
 
 /// Who waits for the answer to a request.
 enum Waiter {
-    Client(oneshot::Sender<ClientOutcome>),
+    Client(u64, oneshot::Sender<ClientOutcome>),
     Peer(oneshot::Sender<Result<(), ControlError>>),
 }
 
@@ -217,7 +217,7 @@ impl Driver {
                 reply,
             } => {
                 let request = self.request_id();
-                self.waiting.insert(request, Waiter::Client(reply));
+                self.waiting.insert(request, Waiter::Client(session, reply));
                 self.event(Event::Client {
                     session,
                     request,
@@ -422,7 +422,30 @@ impl Driver {
             Action::Opened { remote, setup, .. } => {
                 self.setup[usize::from(remote)].record(setup);
             }
+            Action::Unmap { session, device } => self.unmap(session, device),
         }
+    }
+
+    /// Takes back the memory of `device` that `session` may have mapped:
+    /// its unclaimed mappings go, then every mapping of the region is
+    /// revoked and the region moves (a copy, off the runtime's threads).
+    fn unmap(&mut self, session: u64, device: u16) {
+        let name = self
+            .core
+            .resources()
+            .find(|r| r.uid.device() == device)
+            .map(|r| r.name.clone());
+        let Some(region) = name.and_then(|n| self.shared.host_region(&n).cloned()) else {
+            return;
+        };
+        if let Ok(mut pending) = self.shared.pending_maps.lock() {
+            pending.retain(|_, p| !(p.session == session && Arc::ptr_eq(&p.region, &region)));
+        }
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = region.take_back() {
+                tracing::error!(device, "memory could not be taken back: {e}");
+            }
+        });
     }
 
     /// On the software engine, processes and devices get the short data
@@ -474,7 +497,11 @@ impl Driver {
                             }
                         }
                         Some(d) => {
-                            let slot = IoSlot::new(crate::devices::inline_port(d.kind, d.memory));
+                            let slot = IoSlot::new(crate::devices::inline_port(
+                                d.kind,
+                                d.memory,
+                                self.shared.host_region(&d.name),
+                            ));
                             (PlaneOp::AttachIo(spec, slot), Some(PortLink::Inline))
                         }
                         None => (PlaneOp::Attach(spec), None),
@@ -530,7 +557,8 @@ impl Driver {
                     }
                     return;
                 }
-                let task = tokio::spawn(crate::devices::run(d.kind, d.memory, ring));
+                let region = self.shared.host_region(&name).cloned();
+                let task = tokio::spawn(crate::devices::run(d.kind, d.memory, region, ring));
                 self.bridges.insert(port, task.abort_handle());
             }
             // Runs inside the engine's thread; a kernel's host end does,
@@ -723,7 +751,7 @@ impl Driver {
             Waiter::Peer(tx) => {
                 let _ = tx.send(result.map(drop));
             }
-            Waiter::Client(tx) => {
+            Waiter::Client(session, tx) => {
                 let mut token = None;
                 if let Ok(Reply::Attached { uid, port }) = &result {
                     if let Some(link) = self.rings.remove(port) {
@@ -731,6 +759,29 @@ impl Driver {
                         if let Ok(mut pending) = self.shared.pending_data.lock() {
                             pending.insert(t, (uid.device(), link));
                         }
+                        token = Some(t);
+                    }
+                }
+                // A mapping granted waits for its process under a token,
+                // registered here, in order with the core's take-backs.
+                if let Ok(Reply::Mapped { device, writable }) = &result {
+                    let region = self
+                        .core
+                        .resources()
+                        .find(|r| r.uid.device() == *device)
+                        .and_then(|r| self.shared.host_region(&r.name).cloned());
+                    if let (Some(region), Ok(mut pending)) =
+                        (region, self.shared.pending_maps.lock())
+                    {
+                        let t = random_token();
+                        pending.insert(
+                            t,
+                            super::PendingMap {
+                                region,
+                                writable: *writable,
+                                session,
+                            },
+                        );
                         token = Some(t);
                     }
                 }

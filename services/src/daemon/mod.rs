@@ -85,6 +85,14 @@ pub enum DaemonError {
         /// Why.
         source: crate::devices::gpu::GpuError,
     },
+    /// A host memory device's region could not be created.
+    #[error("device `{device}`: its memory: {source}")]
+    HostMemory {
+        /// The device's name.
+        device: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A kernel device's emulated path or thread could not be set up.
     #[error("device `{device}`: {source}")]
     KernelDevice {
@@ -199,6 +207,14 @@ struct ClientOutcome {
     token: Option<u64>,
 }
 
+/// A mapping the core granted, until its process claims it on the data
+/// socket.
+struct PendingMap {
+    region: Arc<crate::devices::region::HostRegion>,
+    writable: bool,
+    session: u64,
+}
+
 struct Shared {
     config: Config,
     server: Ipv4Addr,
@@ -218,6 +234,11 @@ struct Shared {
     gpu_memories: Mutex<std::collections::HashMap<String, crate::devices::gpu::GpuMemory>>,
     /// Each GPU memory device's counters and state, by name.
     gpu_stats: Vec<(String, Arc<crate::devices::gpu::GpuStats>)>,
+    /// Host memory devices' regions, which local processes may map, by
+    /// name.
+    host_regions: Vec<(String, Arc<crate::devices::region::HostRegion>)>,
+    /// Mappings granted and waiting for their process, by token.
+    pending_maps: Mutex<std::collections::HashMap<u64, PendingMap>>,
     /// Kernel devices' host ends, set up at the start, taken by their
     /// device's port.
     kernel_ports: Mutex<std::collections::HashMap<String, crate::devices::kernel::KernelPort>>,
@@ -230,6 +251,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// The region of host memory device `name`, if it is one.
+    fn host_region(&self, name: &str) -> Option<&Arc<crate::devices::region::HostRegion>> {
+        self.host_regions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, r)| r)
+    }
+
     async fn input(&self, input: Input) {
         // The driver outlives every task that sends to it.
         let _ = self.inputs.send(input).await;
@@ -335,6 +364,19 @@ impl Daemon {
                 gpu_stats.push((d.name.clone(), stats));
             }
         }
+        // Host memory devices' bytes live in a memfd from the start, so
+        // local processes can map them.
+        let mut host_regions = Vec::new();
+        for d in &config.devices {
+            if d.kind == DeviceKind::Memory && d.backend == crate::config::MemoryBackend::Host {
+                let region = crate::devices::region::HostRegion::create(&d.name, d.memory)
+                    .map_err(|source| DaemonError::HostMemory {
+                        device: d.name.clone(),
+                        source,
+                    })?;
+                host_regions.push((d.name.clone(), region));
+            }
+        }
         // Kernel devices get their emulated path and thread now: a
         // failure refuses the start with the reason.
         let mut kernel_ports = std::collections::HashMap::new();
@@ -371,6 +413,8 @@ impl Daemon {
             secret,
             security: security::Security::new(),
             gpu_memories: Mutex::new(gpu_memories),
+            host_regions,
+            pending_maps: Mutex::new(std::collections::HashMap::new()),
             gpu_stats,
             kernel_ports: Mutex::new(kernel_ports),
             kernels,
@@ -604,6 +648,8 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
                 name: d.name.clone(),
                 device: d.device,
                 relay: d.kind == DeviceKind::Relay,
+                mappable: d.kind == DeviceKind::Memory
+                    && d.backend == crate::config::MemoryBackend::Host,
                 label: format!("{:?}", d.kind).to_lowercase(),
             })
             .collect(),

@@ -112,6 +112,10 @@ fn devices_json(shared: &super::Shared) -> serde_json::Value {
                     v.extend(s);
                 }
             }
+            if let Some(region) = shared.host_region(&d.name) {
+                v["mappings"] = json!(region.grants());
+                v["taken_back"] = json!(region.moves());
+            }
             if let MemoryBackend::Gpu(g) = d.backend {
                 v["gpu"] = json!(g.ordinal);
                 v["transfer"] = json!(g.transfer.name());

@@ -20,7 +20,7 @@ use super::driver::client;
 use super::observe;
 use super::{io_err, DaemonError, Shared, CONTROL_SOCKET, DATA_SOCKET};
 use crate::control::{
-    conn_key, conn_spec, decode_request, read_line, write_line, Answer, Attached,
+    conn_key, conn_spec, decode_request, read_line, write_line, Answer, Attached, Mapping,
     Request as CtlRequest, MAX_LINE,
 };
 
@@ -232,6 +232,33 @@ async fn handle(shared: &Arc<Shared>, id: u64, names: &mut Names, req: CtlReques
                 Err(a) => a,
             }
         }
+        CtlRequest::Map { device } => match ask(shared, id, ClientRequest::Map { device }).await {
+            Ok((Reply::Mapped { device, writable }, Some(token))) => {
+                let len = shared
+                    .inspect(move |d| {
+                        d.core
+                            .resources()
+                            .find(|r| r.uid.device() == device)
+                            .map(|r| r.name.clone())
+                    })
+                    .await
+                    .flatten()
+                    .and_then(|name| shared.host_region(&name).map(|r| r.len()));
+                let Some(len) = len else {
+                    return Answer::err("not-found", format!("device {device} is gone"));
+                };
+                let mapping = Mapping {
+                    device,
+                    len: len as u64,
+                    writable,
+                    data_socket: shared.runtime.join(DATA_SOCKET).display().to_string(),
+                    token,
+                };
+                Answer::ok(serde_json::to_value(mapping).unwrap_or_default())
+            }
+            Ok(_) => Answer::err("resources", "the mapping could not be set up"),
+            Err(a) => a,
+        },
         CtlRequest::Listen { port } => {
             match ask(shared, id, ClientRequest::Listen { port }).await {
                 Ok(_) => Answer::ok(json!({ "port": port })),

@@ -214,7 +214,10 @@ mod tests {
         let mem = SharedMemory::create(&memfd_name("grant-mem"), 64).unwrap();
         let word = GrantWord::new("t").unwrap();
         assert_eq!(write_under(&word, &mem, 60, &[1; 8]), Access::OutOfRange);
-        assert_eq!(write_under(&word, &mem, usize::MAX, &[1]), Access::OutOfRange);
+        assert_eq!(
+            write_under(&word, &mem, usize::MAX, &[1]),
+            Access::OutOfRange
+        );
         assert_eq!(write_under(&word, &mem, 8, &[7; 8]), Access::Done);
         let mut back = [0u8; 8];
         assert_eq!(read_under(&word, &mem, 8, &mut back), Access::Done);

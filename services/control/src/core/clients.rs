@@ -91,6 +91,9 @@ impl Control {
                     }
                 }
             },
+            ClientRequest::Map { device: target } => {
+                attached().and_then(|d| self.map(session, d, target))
+            }
             ClientRequest::SetPolicy { device, policy } => match self.resources.get(&device) {
                 None => Err(ControlError::NotFound(format!("no device {device}"))),
                 Some(r) => {
@@ -108,7 +111,78 @@ impl Control {
         self.answer(request, result);
     }
 
+    /// Whether `session` (resource `me`) may map device `target`'s memory,
+    /// and how; a grant is recorded so the rules can take it back.
+    fn map(&mut self, session: SessionId, me: u16, target: u16) -> Result<Reply, ControlError> {
+        let res = self
+            .resources
+            .get(&target)
+            .ok_or_else(|| ControlError::NotFound(format!("no device {target}")))?;
+        let mappable = matches!(res.kind, ResourceKind::Device { .. })
+            && self
+                .config
+                .devices
+                .iter()
+                .any(|d| d.name == res.name && d.mappable);
+        if !mappable {
+            return Err(ControlError::BadRequest(format!(
+                "device {target} ({}) has no memory a process can map: only host memory devices have",
+                res.name
+            )));
+        }
+        let (src, dst) = (Uid::new(self.config.server, me), res.uid);
+        let (read, write) = self.may_map(src, dst);
+        if !read {
+            return Err(ControlError::Denied(format!(
+                "the access rules do not let {src} read {dst}: no mapping"
+            )));
+        }
+        self.grants.insert((session, target), write);
+        tracing::info!(%src, %dst, writable = write, "memory lent by mapping");
+        Ok(Reply::Mapped {
+            device: target,
+            writable: write,
+        })
+    }
+
+    /// What the rules let `src` do to `dst`'s memory: (read, write). A
+    /// mapping cannot be write-only, so write needs read.
+    pub(super) fn may_map(&self, src: Uid, dst: Uid) -> (bool, bool) {
+        let read = self.config.allows(src, dst, ReqType::Read);
+        (read, read && self.config.allows(src, dst, ReqType::Write))
+    }
+
+    /// Takes back the grants the rules no longer allow (all of them when
+    /// `ended` is the session that ended).
+    pub(super) fn revoke_grants(&mut self, ended: Option<SessionId>) {
+        let server = self.config.server;
+        let gone: Vec<(SessionId, u16)> = self
+            .grants
+            .iter()
+            .filter(|((session, device), writable)| {
+                if ended.is_some() {
+                    return ended == Some(*session);
+                }
+                let me = self.sessions.get(session).copied();
+                let dst = self.resources.get(device).map(|r| r.uid);
+                match (me, dst) {
+                    (Some(me), Some(dst)) => {
+                        let (read, write) = self.may_map(Uid::new(server, me), dst);
+                        !read || (**writable && !write)
+                    }
+                    _ => true,
+                }
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for (session, device) in gone {
+            self.grants.remove(&(session, device));
+            self.actions.push_back(Action::Unmap { session, device });
+        }
+    }
+
     pub(super) fn client_closed(&mut self, session: SessionId) {
+        self.revoke_grants(Some(session));
         let mut pending: Vec<ConnKey> = self
             .pending
             .iter()

@@ -315,6 +315,7 @@ impl Control {
         self.config.rules = rules;
         self.config.default_action = default_action;
         self.connectionless = super::picture::connectionless_rules(&self.config);
+        self.revoke_grants(None);
         let mut revoked: Vec<ConnKey> = self
             .connections
             .keys()

@@ -347,6 +347,8 @@ pub struct Control {
     connectionless: Vec<AclRule>,
     resources: BTreeMap<u16, Resource>,
     sessions: HashMap<SessionId, u16>,
+    /// Mappings lent: (session, device) → writable.
+    grants: BTreeMap<(SessionId, u16), bool>,
     connections: HashMap<ConnKey, Connection>,
     pending: HashMap<ConnKey, Pending>,
     peers: BTreeMap<Ipv4Addr, Peer>,
@@ -377,6 +379,7 @@ impl Control {
             connectionless,
             resources: BTreeMap::new(),
             sessions: HashMap::new(),
+            grants: BTreeMap::new(),
             connections: HashMap::new(),
             pending: HashMap::new(),
             peers,

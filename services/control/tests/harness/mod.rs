@@ -149,12 +149,14 @@ pub fn config() -> ControlConfig {
             device: Some(1),
             relay: false,
             label: "echo".into(),
+            mappable: false,
         },
         DeviceSpec {
             name: "relay".into(),
             device: Some(2),
             relay: true,
             label: "relay".into(),
+            mappable: false,
         },
     ];
     c.peers = vec![PeerSpec {
