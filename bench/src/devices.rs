@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use uniplane_client::{Client, Session};
+use uniplane_client::{Client, ClientError, Session};
 use uniplane_dataplane::{MemoryAddress, Message};
 use uniplane_services::transfer;
 
@@ -255,6 +255,9 @@ fn measure(cfg: &DevicesConfig, dir: &Path) -> Result<Value, BenchError> {
         "ratio": { "write": write_gbs / peer_write, "read": read_gbs / peer_read },
         "verified": verified,
     });
+    if cfg.memory == MemoryKind::Host {
+        results["mapped"] = mapped(&runtime, &session, cfg, &data, (peer_write, peer_read))?;
+    }
     if cfg.memory == MemoryKind::Gpu {
         let sweep_bytes = cfg.size.min(SWEEP_BYTES);
         let sweep_data = data.slice(..sweep_bytes);
@@ -284,6 +287,54 @@ fn measure(cfg: &DevicesConfig, dir: &Path) -> Result<Value, BenchError> {
     }
     drop(session);
     Ok(results)
+}
+
+/// The same bytes written and read through a mapping of the device's
+/// memory (`Session::map`): the process's own copy, under the daemon's
+/// grant; `peer` is the in-run memcpy (write, read) it is compared with.
+fn mapped(
+    runtime: &tokio::runtime::Runtime,
+    session: &Session,
+    cfg: &DevicesConfig,
+    data: &[u8],
+    peer: (f64, f64),
+) -> Result<Value, BenchError> {
+    let fail = |what: &str, e: ClientError| BenchError::Config(format!("mapped {what}: {e}"));
+    let mut map = runtime
+        .block_on(session.map(at(MEASURED).uid))
+        .map_err(|e| fail("map", e))?;
+    let mut write = || {
+        runtime
+            .block_on(map.write(0, data))
+            .map_err(|e| fail("write", e))
+    };
+    write()?;
+    let write_time = timed(cfg.rounds, &mut write)?;
+    let mut back = vec![0u8; data.len()];
+    let mut read = |into: &mut [u8]| {
+        runtime
+            .block_on(map.read_into(0, into))
+            .map_err(|e| fail("read", e))
+    };
+    read(&mut back)?;
+    let read_time = timed(cfg.rounds, || read(&mut back))?;
+    let verified = cfg.verify.then(|| back[..] == data[..]);
+    if verified == Some(false) {
+        return Err(BenchError::Config(
+            "--verify: the bytes read back through the mapping differ from those written".into(),
+        ));
+    }
+    let (w, r) = (
+        gbytes_per_sec(data.len(), write_time),
+        gbytes_per_sec(data.len(), read_time),
+    );
+    Ok(json!({
+        "write_seconds": write_time.as_secs_f64(),
+        "read_seconds": read_time.as_secs_f64(),
+        "gbytes_per_sec": { "write": w, "read": r },
+        "ratio": { "write": w / peer.0, "read": r / peer.1 },
+        "verified": verified,
+    }))
 }
 
 /// memcpy of `size` bytes, host to host, both ways: GB/s (median).

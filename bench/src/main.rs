@@ -1766,14 +1766,19 @@ fn devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
         "devices: {} bytes of {} memory through the daemon (GB/s, median of {}):",
         size, a.memory, a.rounds
     );
-    println!("  {:>6} {:>10} {:>10} {:>7}", "", "daemon", "peer", "ratio");
+    println!(
+        "  {:>6} {:>10} {:>7} {:>10} {:>7} {:>10}",
+        "", "messages", "ratio", "mapped", "ratio", "peer"
+    );
     for way in ["write", "read"] {
         println!(
-            "  {:>6} {:>10} {:>10} {:>6}x",
+            "  {:>6} {:>10} {:>6}x {:>10} {:>6}x {:>10}",
             way,
             f(&r["gbytes_per_sec"][way]),
+            f(&r["ratio"][way]),
+            f(&r["mapped"]["gbytes_per_sec"][way]),
+            f(&r["mapped"]["ratio"][way]),
             f(&r["peer"]["gbytes_per_sec"][way]),
-            f(&r["ratio"][way])
         );
     }
     println!("  peer: {}", r["peer"]["name"].as_str().unwrap_or("?"));

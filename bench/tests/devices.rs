@@ -18,10 +18,13 @@ fn host_memory_is_written_read_back_verified_and_compared_with_memcpy() {
     assert_eq!(count(&v, "results.messages"), (1u64 << 20).div_ceil(65_535));
     assert_eq!(at(&v, "results.verified"), true);
     assert_eq!(string(&v, "results.peer.name"), "memcpy");
+    assert_eq!(at(&v, "results.mapped.verified"), true);
     for way in ["write", "read"] {
         assert!(number(&v, &format!("results.gbytes_per_sec.{way}")) > 0.0);
         assert!(number(&v, &format!("results.peer.gbytes_per_sec.{way}")) > 0.0);
         assert!(number(&v, &format!("results.ratio.{way}")) > 0.0);
+        assert!(number(&v, &format!("results.mapped.gbytes_per_sec.{way}")) > 0.0);
+        assert!(number(&v, &format!("results.mapped.ratio.{way}")) > 0.0);
     }
 }
 

@@ -4,7 +4,7 @@
 //! completion), the first error ending the transfer.
 
 use bytes::Bytes;
-use uniplane_client::{ClientError, Session};
+use uniplane_client::{ClientError, MappedMemory, Session};
 use uniplane_dataplane::wire::ReqType;
 use uniplane_dataplane::{MemoryAddress, Message};
 
@@ -116,6 +116,79 @@ pub async fn read_into(
         })
         .await?;
     bad.map_or(Ok(()), Err)
+}
+
+/// How a transfer goes (`uniplane write/read --path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Map the memory when the daemon lends it, else messages.
+    Auto,
+    /// Map the memory, or fail with the daemon's reason.
+    Map,
+    /// One-sided messages through the engine.
+    Messages,
+}
+
+/// How a transfer went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Went {
+    /// Copied into or out of a mapping of the memory.
+    Mapped,
+    /// In this many messages.
+    Messages(usize),
+}
+
+/// A mapping of `at`'s memory as `route` asks: `None` to go by messages
+/// (asked for, or `Auto` and the daemon does not lend this memory to this
+/// process — another server's, not host memory, or the rules say no;
+/// `writable` asks for a mapping writes may go through).
+async fn mapping(
+    session: &Session,
+    at: MemoryAddress,
+    route: Route,
+    writable: bool,
+) -> Result<Option<MappedMemory>, ClientError> {
+    let map = match route {
+        Route::Messages => return Ok(None),
+        Route::Map => return session.map(at.uid).await.map(Some),
+        Route::Auto if at.uid.server() != session.uid().server() => return Ok(None),
+        Route::Auto => session.map(at.uid).await,
+    };
+    match map {
+        Ok(m) if m.writable() || !writable => Ok(Some(m)),
+        Ok(_) | Err(ClientError::Daemon { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `data` at `at` by `route`.
+pub async fn write_by(
+    session: &Session,
+    at: MemoryAddress,
+    data: Bytes,
+    mtu: usize,
+    route: Route,
+) -> Result<Went, ClientError> {
+    match mapping(session, at, route, true).await? {
+        Some(mut m) => m.write(at.addr, &data).await.map(|()| Went::Mapped),
+        None => write(session, at, data, mtu).await.map(Went::Messages),
+    }
+}
+
+/// Fills `out` with the bytes at `at` by `route`.
+pub async fn read_by(
+    session: &Session,
+    at: MemoryAddress,
+    out: &mut [u8],
+    mtu: usize,
+    route: Route,
+) -> Result<Went, ClientError> {
+    match mapping(session, at, route, false).await? {
+        Some(mut m) => m.read_into(at.addr, out).await.map(|()| Went::Mapped),
+        None => read_into(session, at, out, mtu)
+            .await
+            .map(|()| Went::Messages(out.len().div_ceil(mtu.clamp(1, Message::MAX_PAYLOAD)))),
+    }
 }
 
 #[cfg(test)]

@@ -98,24 +98,29 @@ fn cli_ok(dir: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_writes_a_file_and_reads_it_back_into_another() {
+async fn the_cli_writes_a_file_and_reads_it_back_into_another_by_messages_or_mapping() {
     let dir = runtime("cli");
     let (_daemon, _client) = embedded(config(), &dir).await.unwrap();
-    let data = pattern(200_000, 42);
-    let input = dir.join("in.bin");
-    let output = dir.join("out.bin");
-    std::fs::write(&input, &data).unwrap();
-    let (inp, outp) = (input.clone(), output.clone());
-    let dir2 = dir.clone();
-    let (written, read) = tokio::task::spawn_blocking(move || {
-        let (inp, outp) = (inp.to_str().unwrap(), outp.to_str().unwrap());
-        let w = cli_ok(
-            &dir2,
-            &["write", "127.0.0.1:2@1000", "--file", inp, "--json"],
-        );
-        let r = cli_ok(
-            &dir2,
-            &[
+    // By messages, as asked; then as the CLI goes by default: this
+    // server's host memory is mapped.
+    for (i, (path, expect_path, messages)) in [
+        (Some("messages"), "messages", 200_000usize.div_ceil(65_535)),
+        (None, "map", 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(200_000, 42 + i as u64);
+        let input = dir.join(format!("in{i}.bin"));
+        let output = dir.join(format!("out{i}.bin"));
+        std::fs::write(&input, &data).unwrap();
+        let dir2 = dir.clone();
+        let (written, read) = tokio::task::spawn_blocking(move || {
+            let (inp, outp) = (input.to_str().unwrap(), output.to_str().unwrap());
+            let route: Vec<&str> = path.map(|p| vec!["--path", p]).unwrap_or_default();
+            let mut w = vec!["write", "127.0.0.1:2@1000", "--file", inp, "--json"];
+            w.extend(&route);
+            let mut r = vec![
                 "read",
                 "127.0.0.1:2@1000",
                 "--len",
@@ -123,19 +128,24 @@ async fn the_cli_writes_a_file_and_reads_it_back_into_another() {
                 "--out",
                 outp,
                 "--json",
-            ],
+            ];
+            r.extend(&route);
+            (cli_ok(&dir2, &w), cli_ok(&dir2, &r))
+        })
+        .await
+        .unwrap();
+        assert_eq!(written["written"], 200_000);
+        assert_eq!(written["path"], expect_path);
+        assert_eq!(written["messages"], messages);
+        assert_eq!(
+            (read["len"].as_u64(), read["path"].as_str()),
+            (Some(200_000), Some(expect_path))
         );
-        (w, r)
-    })
-    .await
-    .unwrap();
-    assert_eq!(written["written"], 200_000);
-    assert_eq!(written["messages"], 200_000usize.div_ceil(65_535));
-    assert_eq!(read["len"], 200_000);
-    assert!(
-        std::fs::read(&output).unwrap() == data,
-        "the file came back changed"
-    );
+        assert!(
+            std::fs::read(dir.join(format!("out{i}.bin"))).unwrap() == data,
+            "the file came back changed ({expect_path})"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -135,11 +135,16 @@ enum Command {
         #[command(subcommand)]
         what: KernelCommand,
     },
-    /// One-sided write at SERVER:DEVICE@ADDR of a string or a file (in
-    /// messages of at most the path's MTU, several in flight).
+    /// One-sided write at SERVER:DEVICE@ADDR of a string or a file: into a
+    /// mapping of the memory when the daemon lends it (this server's host
+    /// memory, as the access rules allow), else in messages of at most
+    /// the path's MTU, several in flight.
     Write {
         /// Target memory address.
         address: MemoryAddress,
+        /// `auto` (map when lent, else messages), `map` or `messages`.
+        #[arg(long, value_enum, default_value_t = RouteArg::Auto)]
+        path: RouteArg,
         /// The bytes to write.
         #[arg(long, required_unless_present = "file", conflicts_with = "file")]
         data: Option<String>,
@@ -147,11 +152,15 @@ enum Command {
         #[arg(long)]
         file: Option<PathBuf>,
     },
-    /// One-sided read of LEN bytes at SERVER:DEVICE@ADDR (in messages of
-    /// at most the path's MTU, several in flight), shown or saved.
+    /// One-sided read of LEN bytes at SERVER:DEVICE@ADDR (from a mapping
+    /// of the memory when the daemon lends it, else in messages of at most
+    /// the path's MTU, several in flight), shown or saved.
     Read {
         /// Source memory address.
         address: MemoryAddress,
+        /// `auto` (map when lent, else messages), `map` or `messages`.
+        #[arg(long, value_enum, default_value_t = RouteArg::Auto)]
+        path: RouteArg,
         /// Bytes to read.
         #[arg(long)]
         len: u64,
@@ -430,6 +439,7 @@ async fn run(args: &Args) -> Result<(), ClientError> {
         }
         Command::Write {
             address,
+            path,
             data,
             file,
         } => {
@@ -446,21 +456,32 @@ async fn run(args: &Args) -> Result<(), ClientError> {
             let mtu = path_mtu(&client, address.uid.server()).await?;
             let s = client.attach("uniplane-cli").await?;
             let started = Instant::now();
-            let messages = transfer::write(&s, *address, bytes.clone(), mtu).await?;
+            let went = transfer::write_by(&s, *address, bytes.clone(), mtu, path.route()).await?;
             print(
                 args.json,
                 &json!({
                     "written": bytes.len(), "at": address.to_string(),
-                    "messages": messages, "seconds": started.elapsed().as_secs_f64(),
+                    "path": went_name(went), "messages": went_messages(went),
+                    "seconds": started.elapsed().as_secs_f64(),
                 }),
             );
             return Ok(());
         }
-        Command::Read { address, len, out } => {
+        Command::Read {
+            address,
+            path,
+            len,
+            out,
+        } => {
             let mtu = path_mtu(&client, address.uid.server()).await?;
             let s = client.attach("uniplane-cli").await?;
             let started = Instant::now();
-            let bytes = transfer::read(&s, *address, *len, mtu).await?;
+            let size = usize::try_from(*len).map_err(|_| ClientError::Daemon {
+                kind: "read".into(),
+                message: format!("{len} bytes do not fit in memory"),
+            })?;
+            let mut bytes = vec![0u8; size];
+            let went = transfer::read_by(&s, *address, &mut bytes, mtu, path.route()).await?;
             let seconds = started.elapsed().as_secs_f64();
             if let Some(out) = out {
                 std::fs::write(out, &bytes).map_err(|e| ClientError::Daemon {
@@ -472,6 +493,7 @@ async fn run(args: &Args) -> Result<(), ClientError> {
                     &json!({
                         "at": address.to_string(), "len": bytes.len(),
                         "out": out.display().to_string(), "seconds": seconds,
+                        "path": went_name(went), "messages": went_messages(went),
                     }),
                 );
                 return Ok(());
@@ -479,7 +501,10 @@ async fn run(args: &Args) -> Result<(), ClientError> {
             let text = String::from_utf8_lossy(&bytes).to_string();
             print(
                 args.json,
-                &json!({ "at": address.to_string(), "len": bytes.len(), "hex": hex(&bytes), "text": text }),
+                &json!({
+                    "at": address.to_string(), "len": bytes.len(), "hex": hex(&bytes),
+                    "text": text, "path": went_name(went),
+                }),
             );
             return Ok(());
         }
@@ -487,6 +512,41 @@ async fn run(args: &Args) -> Result<(), ClientError> {
     let v = client.request(&req).await?;
     print(args.json, &v);
     Ok(())
+}
+
+/// `--path` of `write` and `read`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum RouteArg {
+    /// Map the memory when the daemon lends it, else messages.
+    Auto,
+    /// Map the memory, or fail with the daemon's reason.
+    Map,
+    /// One-sided messages through the engine.
+    Messages,
+}
+
+impl RouteArg {
+    fn route(self) -> transfer::Route {
+        match self {
+            RouteArg::Auto => transfer::Route::Auto,
+            RouteArg::Map => transfer::Route::Map,
+            RouteArg::Messages => transfer::Route::Messages,
+        }
+    }
+}
+
+fn went_name(w: transfer::Went) -> &'static str {
+    match w {
+        transfer::Went::Mapped => "map",
+        transfer::Went::Messages(_) => "messages",
+    }
+}
+
+fn went_messages(w: transfer::Went) -> usize {
+    match w {
+        transfer::Went::Mapped => 0,
+        transfer::Went::Messages(n) => n,
+    }
 }
 
 /// The plane's tables, a block per port.
