@@ -473,6 +473,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_map_hello_reads_back_and_anything_else_is_refused() {
+        let h = MapHello { len: 1 << 30 };
+        assert_eq!(MapHello::decode(&h.encode()), Some(h));
+        let mut bad = h.encode();
+        bad[0] ^= 1;
+        assert_eq!(MapHello::decode(&bad), None);
+        assert_eq!(MapHello::decode(&h.encode()[..15]), None);
+        assert_eq!(MapHello::decode(&[]), None);
+    }
+
+    #[test]
     fn requests_are_tagged_json() {
         let r: Request =
             serde_json::from_str(r#"{"op":"connect","dst":"10.0.0.7:3","dst_port":80}"#).unwrap();
@@ -551,6 +562,7 @@ mod tests {
                 name: "job.rank0".into(),
             },
             Request::Directory,
+            Request::Map { device: 2 },
         ];
         for r in &all {
             match r {
@@ -571,7 +583,8 @@ mod tests {
                 | Request::Close { .. }
                 | Request::Register { .. }
                 | Request::Resolve { .. }
-                | Request::Directory => {}
+                | Request::Directory
+                | Request::Map { .. } => {}
             }
         }
         all
