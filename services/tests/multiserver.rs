@@ -8,7 +8,8 @@
 //! and with servers alternating engine, RTL, engine; and, on two servers,
 //! an application on server A calls the Verilog sum32 kernel of server B
 //! (`backend = "rtl"`, B on the RTL plane) across the tunnel, with A on
-//! either plane: 300 random messages, every sum byte-exact.
+//! either plane: 300 random messages, every sum byte-exact; then writes
+//! and reads back 300 KB of B's host memory device (on B's RTL plane).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,8 @@ use uniplane_dataplane::{LinkError, Uid};
 use uniplane_netns::Namespace;
 use uniplane_services::client::{Client, ClientError, Connection, Session};
 use uniplane_services::control::Request;
+#[cfg(feature = "rtl")]
+use uniplane_services::transfer::{self, Route, Went};
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("ip runs");
@@ -610,7 +613,9 @@ stack = "tcp"
     if i == 1 {
         c.push_str(
             "\n[[devices]]\nname = \"sum\"\nkind = \"kernel\"\ndevice = 3\n\
-             backend = \"rtl\"\nfunction = \"sum32\"\n",
+             backend = \"rtl\"\nfunction = \"sum32\"\n\
+             \n[[devices]]\nname = \"mem\"\nkind = \"memory\"\ndevice = 4\n\
+             memory = 1048576\n",
         );
     }
     c
@@ -697,6 +702,35 @@ async fn app_calls_a_remote_rtl_kernel(plane_a: &str) {
     assert_eq!(t["port"], 7, "{t}");
     assert_eq!(t["counters"]["rx_msgs"], count, "{t}");
     app.close(sum).await.unwrap();
+
+    // B's host memory, on B's RTL plane, written and read from A: another
+    // server's memory is not mapped, so the transfer goes by messages
+    // through the tunnel, of the tunnel's size.
+    let a = Client::connect(&servers[0].runtime).await.unwrap();
+    let status = a.request(&Request::Status).await.unwrap();
+    let mtu = status["peers"][0]["tunnel_mtu"]
+        .as_u64()
+        .expect("tunnel_mtu") as usize;
+    let data: Vec<u8> = (0..300_000).map(|_| next() as u8).collect();
+    let at = Uid::new(lan.addrs[1], 4).at(12_345);
+    let went = transfer::write_by(&app, at, Bytes::from(data.clone()), mtu, Route::Auto)
+        .await
+        .expect("write B's memory");
+    assert_eq!(went, Went::Messages(data.len().div_ceil(mtu)));
+    let mut back = vec![0u8; data.len()];
+    transfer::read_by(&app, at, &mut back, mtu, Route::Auto)
+        .await
+        .expect("read B's memory");
+    assert!(back == data, "B's memory read back differently");
+    let past = transfer::write_by(
+        &app,
+        Uid::new(lan.addrs[1], 4).at(1_048_570),
+        Bytes::from_static(b"too far"),
+        mtu,
+        Route::Auto,
+    )
+    .await;
+    assert!(matches!(past, Err(ClientError::Status(_))), "{past:?}");
     drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
 }
