@@ -79,42 +79,12 @@ impl SharedMemory {
     /// Maps a memfd received from another process, after checking that it
     /// is sealed against shrinking and exactly `len` bytes long.
     pub fn open(fd: OwnedFd, len: usize) -> io::Result<SharedMemory> {
-        // SAFETY: plain syscall on a descriptor we own.
-        let seals = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
-        if seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "shared memory is not sealed against shrinking",
-            ));
-        }
-        let size = file_size(fd.as_fd())?;
-        if size != len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("shared memory is {size} bytes, {len} expected"),
-            ));
-        }
+        check_received(&fd, len)?;
         Self::map(fd, len)
     }
 
     fn map(fd: OwnedFd, len: usize) -> io::Result<SharedMemory> {
-        // SAFETY: a fresh shared mapping of a file at least `len` long (its
-        // size is sealed), at an address the kernel chooses.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
+        let ptr = map_shared(&fd, len, libc::PROT_READ | libc::PROT_WRITE)?;
         Ok(SharedMemory { fd, ptr, len })
     }
 
@@ -290,6 +260,48 @@ pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     u64::try_from(st.st_size).map_err(|_| io::Error::other("negative file size"))
 }
 
+/// Checks a memfd received from another process: sealed against
+/// shrinking (so a mapping of it cannot fault) and exactly `len` bytes.
+fn check_received(fd: &OwnedFd, len: usize) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we own.
+    let seals = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
+    if seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "shared memory is not sealed against shrinking",
+        ));
+    }
+    let size = file_size(fd.as_fd())?;
+    if size != len as u64 || len == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("shared memory is {size} bytes, {len} expected"),
+        ));
+    }
+    Ok(())
+}
+
+/// A shared mapping of the first `len` bytes of `fd` with protection
+/// `prot`, at an address the kernel chooses.
+fn map_shared(fd: &OwnedFd, len: usize, prot: libc::c_int) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh shared mapping of a file at least `len` long (its
+    // size is checked or set by the caller and sealed).
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned a null mapping"))
+}
+
 /// A shared memory object (memfd) mapped read-only into this process:
 /// what a process reads that another owns (a lent memory region, the word
 /// that says whether the loan still stands).
@@ -316,38 +328,8 @@ impl ReadOnlyMemory {
     /// Maps a received memfd read-only, after checking that it is sealed
     /// against shrinking and exactly `len` bytes long.
     pub fn open(fd: OwnedFd, len: usize) -> io::Result<ReadOnlyMemory> {
-        // SAFETY: plain syscall on a descriptor we own.
-        let seals = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
-        if seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "shared memory is not sealed against shrinking",
-            ));
-        }
-        let size = file_size(fd.as_fd())?;
-        if size != len as u64 || len == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("shared memory is {size} bytes, {len} expected"),
-            ));
-        }
-        // SAFETY: a fresh read-only shared mapping of a file at least `len`
-        // long (its size is sealed).
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
+        check_received(&fd, len)?;
+        let ptr = map_shared(&fd, len, libc::PROT_READ)?;
         Ok(ReadOnlyMemory { _fd: fd, ptr, len })
     }
 
