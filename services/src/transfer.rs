@@ -118,10 +118,17 @@ pub async fn read_into(
     bad.map_or(Ok(()), Err)
 }
 
+/// Bytes from which [`Route::Auto`] maps the memory: a mapping costs a
+/// control round trip to set up, and when the session ends the daemon
+/// takes the memory back by copying the whole region once, so smaller
+/// transfers go by messages.
+pub const AUTO_MAP_FROM: usize = 1 << 20;
+
 /// How a transfer goes (`uniplane write/read --path`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// Map the memory when the daemon lends it, else messages.
+    /// Map the memory when the daemon lends it and the transfer is at
+    /// least [`AUTO_MAP_FROM`] bytes, else messages.
     Auto,
     /// Map the memory, or fail with the daemon's reason.
     Map,
@@ -145,13 +152,16 @@ pub enum Went {
 async fn mapping(
     session: &Session,
     at: MemoryAddress,
+    len: usize,
     route: Route,
     writable: bool,
 ) -> Result<Option<MappedMemory>, ClientError> {
     let map = match route {
         Route::Messages => return Ok(None),
         Route::Map => return session.map(at.uid).await.map(Some),
-        Route::Auto if at.uid.server() != session.uid().server() => return Ok(None),
+        Route::Auto if at.uid.server() != session.uid().server() || len < AUTO_MAP_FROM => {
+            return Ok(None)
+        }
         Route::Auto => session.map(at.uid).await,
     };
     match map {
@@ -169,7 +179,7 @@ pub async fn write_by(
     mtu: usize,
     route: Route,
 ) -> Result<Went, ClientError> {
-    match mapping(session, at, route, true).await? {
+    match mapping(session, at, data.len(), route, true).await? {
         Some(mut m) => m.write(at.addr, &data).await.map(|()| Went::Mapped),
         None => write(session, at, data, mtu).await.map(Went::Messages),
     }
@@ -183,7 +193,7 @@ pub async fn read_by(
     mtu: usize,
     route: Route,
 ) -> Result<Went, ClientError> {
-    match mapping(session, at, route, false).await? {
+    match mapping(session, at, out.len(), route, false).await? {
         Some(mut m) => m.read_into(at.addr, out).await.map(|()| Went::Mapped),
         None => read_into(session, at, out, mtu)
             .await

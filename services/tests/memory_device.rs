@@ -101,11 +101,12 @@ fn cli_ok(dir: &Path, args: &[&str]) -> serde_json::Value {
 async fn the_cli_writes_a_file_and_reads_it_back_into_another_by_messages_or_mapping() {
     let dir = runtime("cli");
     let (_daemon, _client) = embedded(config(), &dir).await.unwrap();
-    // By messages, as asked; then as the CLI goes by default: this
-    // server's host memory is mapped.
+    // By messages, as asked; by default (below 1 MiB: messages); mapped,
+    // as asked.
     for (i, (path, expect_path, messages)) in [
         (Some("messages"), "messages", 200_000usize.div_ceil(65_535)),
-        (None, "map", 0),
+        (None, "messages", 200_000usize.div_ceil(65_535)),
+        (Some("map"), "map", 0),
     ]
     .into_iter()
     .enumerate()
@@ -146,6 +147,21 @@ async fn the_cli_writes_a_file_and_reads_it_back_into_another_by_messages_or_map
             "the file came back changed ({expect_path})"
         );
     }
+    // A file of 1 MiB or more is mapped by default.
+    let data = pattern(MEMORY, 99);
+    let input = dir.join("whole.bin");
+    std::fs::write(&input, &data).unwrap();
+    let dir2 = dir.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        let inp = input.to_str().unwrap();
+        cli_ok(&dir2, &["write", "127.0.0.1:2@0", "--file", inp, "--json"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        (written["path"].as_str(), written["messages"].as_u64()),
+        (Some("map"), Some(0))
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
