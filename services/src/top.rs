@@ -151,10 +151,10 @@ impl Sample {
                 class: u(&c["class"]),
                 peer: c["peer"].as_str().map(str::to_owned),
                 age_s: c["age_s"].as_f64().unwrap_or(0.0),
-                fwd_msgs: u(&c["src_to_dst"]["messages"]),
-                fwd_bytes: u(&c["src_to_dst"]["bytes"]),
-                back_msgs: u(&c["dst_to_src"]["messages"]),
-                back_bytes: u(&c["dst_to_src"]["bytes"]),
+                fwd_msgs: u(&c["src_to_dst_messages"]),
+                fwd_bytes: u(&c["src_to_dst_bytes"]),
+                back_msgs: u(&c["dst_to_src_messages"]),
+                back_bytes: u(&c["dst_to_src_bytes"]),
             })
             .collect();
         let classes = list(&status["classes"]["classes"])
@@ -600,8 +600,8 @@ mod tests {
                           "acl_denied": 1, "no_route": 0 } }]);
         let conns = json!([{ "src": "10.0.0.1:2", "src_port": 49152, "dst": "10.0.0.2:1",
                              "dst_port": 7, "class": 0, "peer": "10.0.0.2", "age_s": 3.2,
-                             "src_to_dst": { "messages": rx, "bytes": rx * 64 },
-                             "dst_to_src": { "messages": 3, "bytes": 30 } }]);
+                             "src_to_dst_messages": rx, "src_to_dst_bytes": rx * 64,
+                             "dst_to_src_messages": 3, "dst_to_src_bytes": 30 }]);
         Sample::from_answers(&status, &stats, &conns, at)
     }
 

@@ -235,15 +235,10 @@ async fn carried(
     kept.then_some(sum)
 }
 
-/// One direction's counters as the `connections` answer shows them.
-fn direction_json(c: Option<&ConnCounters>) -> serde_json::Value {
-    let c = c.copied().unwrap_or_default();
-    json!({ "messages": c.msgs, "bytes": c.bytes })
-}
-
 /// `uniplane connections`: every open connection with what it carried
-/// each way (`src_to_dst`, `dst_to_src`; absent where the plane keeps no
-/// per-connection counters). `None` when the daemon is stopping.
+/// each way (`src_to_dst_messages`, `src_to_dst_bytes`,
+/// `dst_to_src_messages`, `dst_to_src_bytes`; absent where the plane
+/// keeps no per-connection counters). `None` when the daemon is stopping.
 pub(super) async fn connections(shared: &Shared) -> Option<serde_json::Value> {
     let (open, ports) = shared.inspect(open_connections).await?;
     let carried = carried(shared, &ports).await;
@@ -257,8 +252,12 @@ pub(super) async fn connections(shared: &Shared) -> Option<serde_json::Value> {
                 "age_s": age.as_secs_f64(),
             });
             if let Some(c) = &carried {
-                v["src_to_dst"] = direction_json(c.get(key));
-                v["dst_to_src"] = direction_json(c.get(&key.reversed()));
+                let there = c.get(key).copied().unwrap_or_default();
+                let back = c.get(&key.reversed()).copied().unwrap_or_default();
+                v["src_to_dst_messages"] = json!(there.msgs);
+                v["src_to_dst_bytes"] = json!(there.bytes);
+                v["dst_to_src_messages"] = json!(back.msgs);
+                v["dst_to_src_bytes"] = json!(back.bytes);
             }
             v
         })
