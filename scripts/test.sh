@@ -28,6 +28,8 @@ NEEDS=(
   "mpirun.mpich:mpich"
   "oshcc:libopenmpi-dev"
   "oshrun:openmpi-bin"
+  "systemd-analyze:systemd"
+  "systemd-nspawn:systemd-container"
 )
 
 missing=()
@@ -105,3 +107,5 @@ for f in lib/systemd/system/uniplaned.service usr/share/man/man8/uniplaned.8 \
   test -s "$pkgroot/$f" || { echo "the package lacks $f" >&2; exit 1; }
 done
 dpkg-deb --field "$deb" Package Version Depends
+# The unit on a real systemd: verified, then started in a container.
+scripts/systemd-unit.sh "$pkgroot"

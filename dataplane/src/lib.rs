@@ -9,7 +9,8 @@
 //!   [`channel`]: the in-process link over two bounded queues.
 //! - [`batched::BatchedLink`]: the Stream/Sink plumbing of every stack's
 //!   link, over the stack's own batched I/O ([`batched::LinkIo`]).
-//! - [`fault`] and [`pcap`]: link middleware for fault injection and capture.
+//! - [`fault`]: link middleware for fault injection (capture into pcap
+//!   files is `uniplane_stacks::pcap`).
 //! - [`ring`]: the bounded single-producer single-consumer ring between
 //!   applications, stacks and the engine; [`port`]: [`PortIo`], the
 //!   engine's view of a port's two queues, whatever is on the other side
@@ -46,7 +47,6 @@ pub mod mem {
     pub use crate::channel::{pair, ChannelLink as MemLink};
 }
 mod message;
-pub mod pcap;
 pub mod port;
 pub mod ring;
 mod rng;

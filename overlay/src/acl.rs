@@ -10,8 +10,17 @@
 //!   set of request types, allow or deny, first match wins.
 //!
 //! Everything else is denied; the caller counts it and answers the sender.
+//!
+//! Each installed direction of a connection keeps its own counters
+//! (messages and payload bytes that entered the overlay through this
+//! connector on it): the lookup that admits a message returns its entry,
+//! and the caller adds the message once it really takes it — a plain
+//! increment in the entry the lookup touched, no lock and no allocation.
+//! The counters live exactly as long as the connection is installed.
 
-use rustc_hash::FxHashSet;
+use std::cell::Cell;
+
+use rustc_hash::FxHashMap;
 use uniplane_dataplane::wire::{Header, ReqType};
 use uniplane_dataplane::Uid;
 
@@ -148,10 +157,47 @@ pub enum Denial {
     NotAllowed,
 }
 
+/// What one direction of an admitted connection carried through a
+/// connector: read back by the control plane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnCounters {
+    /// Messages taken in on this direction.
+    pub msgs: u64,
+    /// Their payload bytes.
+    pub bytes: u64,
+}
+
+/// The counters of one installed direction, counted through the shared
+/// reference the admitting lookup returned (only the connector's own
+/// thread reads its input, so plain cells suffice).
+#[derive(Clone, Debug, Default)]
+pub struct ConnEntry {
+    msgs: Cell<u64>,
+    bytes: Cell<u64>,
+}
+
+impl ConnEntry {
+    /// Counts one message of `bytes` payload bytes.
+    #[inline]
+    pub fn count(&self, bytes: usize) {
+        self.msgs.set(self.msgs.get().wrapping_add(1));
+        self.bytes.set(self.bytes.get().wrapping_add(bytes as u64));
+    }
+
+    /// What was counted so far.
+    pub fn get(&self) -> ConnCounters {
+        ConnCounters {
+            msgs: self.msgs.get(),
+            bytes: self.bytes.get(),
+        }
+    }
+}
+
 /// A connector's access control.
 #[derive(Clone, Debug, Default)]
 pub struct AccessControl {
-    connections: FxHashSet<ConnKey>,
+    /// Each direction of each admitted connection, with its counters.
+    connections: FxHashMap<ConnKey, ConnEntry>,
     rules: Vec<AclRule>,
 }
 
@@ -162,15 +208,16 @@ impl AccessControl {
     }
 
     /// Admits the connection in both directions.
+    /// Admitting one that is admitted already keeps its counters.
     pub fn allow_connection(&mut self, conn: ConnKey) {
-        self.connections.insert(conn);
-        self.connections.insert(conn.reversed());
+        self.connections.entry(conn).or_default();
+        self.connections.entry(conn.reversed()).or_default();
     }
 
     /// Withdraws the connection in both directions; whether it was there.
     pub fn revoke_connection(&mut self, conn: ConnKey) -> bool {
-        let a = self.connections.remove(&conn);
-        let b = self.connections.remove(&conn.reversed());
+        let a = self.connections.remove(&conn).is_some();
+        let b = self.connections.remove(&conn.reversed()).is_some();
         a || b
     }
 
@@ -184,15 +231,28 @@ impl AccessControl {
     pub fn connection_keys(&self) -> Vec<ConnKey> {
         let mut out: Vec<ConnKey> = self
             .connections
-            .iter()
+            .keys()
             .copied()
             .filter(|c| {
                 let r = c.reversed();
                 (c.src.to_u64(), c.src_port) <= (r.src.to_u64(), r.src_port)
-                    || !self.connections.contains(&r)
+                    || !self.connections.contains_key(&r)
             })
             .collect();
         out.sort_by_key(|c| (c.src.to_u64(), c.src_port, c.dst.to_u64(), c.dst_port));
+        out
+    }
+
+    /// Every admitted direction with what it carried through this
+    /// connector (a connection appears twice, once per direction),
+    /// sorted.
+    pub fn connection_counters(&self) -> Vec<(ConnKey, ConnCounters)> {
+        let mut out: Vec<(ConnKey, ConnCounters)> = self
+            .connections
+            .iter()
+            .map(|(k, e)| (*k, e.get()))
+            .collect();
+        out.sort_by_key(|(c, _)| (c.src.to_u64(), c.src_port, c.dst.to_u64(), c.dst_port));
         out
     }
 
@@ -214,13 +274,23 @@ impl AccessControl {
     /// Whether `header` may pass.
     #[inline]
     pub fn check(&self, header: &Header) -> Result<(), Denial> {
-        if !self.connections.is_empty() && self.connections.contains(&ConnKey::of(header)) {
-            return Ok(());
+        self.admit(header).map(drop)
+    }
+
+    /// Whether `header` may pass, and if an installed connection admitted
+    /// it, that direction's counters: the caller counts the message there
+    /// once it takes it (a message left waiting is looked up again).
+    #[inline]
+    pub fn admit(&self, header: &Header) -> Result<Option<&ConnEntry>, Denial> {
+        if !self.connections.is_empty() {
+            if let Some(entry) = self.connections.get(&ConnKey::of(header)) {
+                return Ok(Some(entry));
+            }
         }
         for (i, rule) in self.rules.iter().enumerate() {
             if rule.matches(header) {
                 return if rule.allow {
-                    Ok(())
+                    Ok(None)
                 } else {
                     Err(Denial::Rule(i))
                 };
@@ -265,6 +335,43 @@ mod tests {
         assert!(acl.check(&send("1.1.1.1:1", 11, "1.1.1.1:2", 20)).is_err());
         assert!(acl.revoke_connection(ConnKey::of(&h)));
         assert!(acl.check(&h).is_err());
+    }
+
+    #[test]
+    fn each_direction_of_a_connection_counts_what_it_admitted_until_revoked() {
+        let mut acl = AccessControl::new();
+        let there = send("1.1.1.1:1", 10, "1.1.1.1:2", 20);
+        let back = send("1.1.1.1:2", 20, "1.1.1.1:1", 10);
+        let key = ConnKey::of(&there);
+        acl.allow_connection(key);
+        for len in [1, 100, 1000] {
+            acl.admit(&there).unwrap().unwrap().count(len);
+        }
+        acl.admit(&back).unwrap().unwrap().count(7);
+        // Admitted again (a reinstalled picture): the counts stay.
+        acl.allow_connection(key.reversed());
+        let counted = acl.connection_counters();
+        assert_eq!(
+            counted,
+            vec![
+                (
+                    key,
+                    ConnCounters {
+                        msgs: 3,
+                        bytes: 1101
+                    }
+                ),
+                (key.reversed(), ConnCounters { msgs: 1, bytes: 7 }),
+            ]
+        );
+        // A rule admits without a connection entry: nothing to count.
+        acl.push_rule(AclRule::ALLOW_ALL);
+        assert!(acl
+            .admit(&send("1.1.1.1:3", 1, "1.1.1.1:4", 1))
+            .unwrap()
+            .is_none());
+        assert!(acl.revoke_connection(key));
+        assert!(acl.connection_counters().is_empty());
     }
 
     #[test]

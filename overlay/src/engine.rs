@@ -39,7 +39,7 @@ use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{Message, PortClosed, PortIo, Uid};
 
-use crate::acl::{AccessControl, AclRule, ConnKey};
+use crate::acl::{AccessControl, AclRule, ConnCounters, ConnEntry, ConnKey};
 use crate::crossbar::Crossbar;
 use crate::inline::Inline;
 use crate::plane::{
@@ -368,7 +368,7 @@ impl<V: Voqs> Input<'_, V> {
                 break;
             };
             let len = head.payload().len();
-            let fate = Engine::decide(self.acl, self.table, self.translator, head);
+            let (fate, conn) = Engine::decide(self.acl, self.table, self.translator, head);
             match fate {
                 Fate::Forward(out) => {
                     let out_mtu = self.mtu.get(out as usize).copied().unwrap_or(0);
@@ -386,6 +386,9 @@ impl<V: Voqs> Input<'_, V> {
                         let Some(m) = q.pop() else { break };
                         self.counters.rx_msgs += 1;
                         self.counters.rx_bytes += m.payload().len() as u64;
+                        if let Some(c) = conn {
+                            c.count(m.payload().len());
+                        }
                         if need > 1 {
                             self.counters.segments += need as u64;
                         }
@@ -521,24 +524,26 @@ impl Engine {
             .map(|p| p.spec.name.as_str())
     }
 
-    /// Decides a message's fate at its input connector.
+    /// Decides a message's fate at its input connector; with it, the
+    /// counters of the connection that admitted it (if one did), where
+    /// the message is counted once it is taken.
     #[inline]
-    fn decide(
-        acl: &AccessControl,
+    fn decide<'a>(
+        acl: &'a AccessControl,
         table: &ForwardingTable,
         translator: &Translator,
         m: &Message,
-    ) -> Fate {
+    ) -> (Fate, Option<&'a ConnEntry>) {
         let h = m.header();
-        if acl.check(h).is_err() {
-            return Fate::Answer(Status::Denied);
-        }
+        let Ok(conn) = acl.admit(h) else {
+            return (Fate::Answer(Status::Denied), None);
+        };
         if let Some(out) = translator.lookup(&ConnKey::of(h)) {
-            return Fate::Forward(out);
+            return (Fate::Forward(out), conn);
         }
         match table.lookup(h.dst) {
-            Some(out) => Fate::Forward(out),
-            None => Fate::Answer(Status::NoRoute),
+            Some(out) => (Fate::Forward(out), conn),
+            None => (Fate::Answer(Status::NoRoute), None),
         }
     }
 
@@ -861,6 +866,13 @@ impl ForwardingPlane for Engine {
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
         Ok(self.port_mut(port)?.counters())
     }
+
+    fn connection_counters(
+        &mut self,
+        port: PortId,
+    ) -> Result<Vec<(ConnKey, ConnCounters)>, PlaneError> {
+        Ok(self.port_mut(port)?.acl.connection_counters())
+    }
 }
 
 /// How a spawned engine waits when idle.
@@ -1081,6 +1093,15 @@ impl ForwardingPlane for EngineHandle {
     }
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError> {
         counters(self.op(PlaneOp::Counters(port))?)
+    }
+    fn connection_counters(
+        &mut self,
+        port: PortId,
+    ) -> Result<Vec<(ConnKey, ConnCounters)>, PlaneError> {
+        match self.op(PlaneOp::ConnCounters(port))? {
+            crate::plane::PlaneReply::ConnCounters(c) => Ok(c),
+            _ => Err(PlaneError::EngineGone),
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::{Policy, PolicyError};
 use uniplane_dataplane::{Message, PortIo, Uid};
 
-use crate::acl::{AclRule, ConnKey};
+use crate::acl::{AclRule, ConnCounters, ConnKey};
 use crate::segment::ReassemblyStats;
 use crate::table::{Route, TableError};
 use crate::PortId;
@@ -206,6 +206,8 @@ pub enum PlaneOp {
     Counters(PortId),
     /// [`ForwardingPlane::dump`].
     Dump(PortId),
+    /// [`ForwardingPlane::connection_counters`].
+    ConnCounters(PortId),
     /// [`ForwardingPlane::translations`].
     Translations,
     /// [`ForwardingPlane::move_port`]: port, shard.
@@ -226,6 +228,8 @@ pub enum PlaneReply {
     Dump(Box<PortDump>),
     /// Every translator entry as the plane holds it.
     Translations(Vec<(ConnKey, PortId)>),
+    /// What each admitted connection direction carried in through a port.
+    ConnCounters(Vec<(ConnKey, ConnCounters)>),
 }
 
 impl std::fmt::Debug for PlaneReply {
@@ -237,6 +241,7 @@ impl std::fmt::Debug for PlaneReply {
             PlaneReply::Counters(c) => f.debug_tuple("Counters").field(c).finish(),
             PlaneReply::Dump(d) => f.debug_tuple("Dump").field(d).finish(),
             PlaneReply::Translations(t) => f.debug_tuple("Translations").field(t).finish(),
+            PlaneReply::ConnCounters(c) => f.debug_tuple("ConnCounters").field(c).finish(),
         }
     }
 }
@@ -334,6 +339,20 @@ pub trait ForwardingPlane {
     fn set_policy(&mut self, output: PortId, policy: Policy) -> Result<(), PlaneError>;
     /// Reads `port`'s counters.
     fn counters(&mut self, port: PortId) -> Result<PortCounters, PlaneError>;
+    /// Reads what each connection direction admitted at `port` carried in
+    /// through it (messages and payload bytes), for as long as the
+    /// connection is installed there. Planes that keep no such counters
+    /// refuse.
+    fn connection_counters(
+        &mut self,
+        port: PortId,
+    ) -> Result<Vec<(ConnKey, ConnCounters)>, PlaneError> {
+        let _ = port;
+        Err(PlaneError::Unsupported {
+            plane: self.kind(),
+            what: "count per connection",
+        })
+    }
 
     /// Carries out one operation given as data.
     fn apply(&mut self, op: PlaneOp) -> Result<PlaneReply, PlaneError> {
@@ -358,6 +377,7 @@ pub trait ForwardingPlane {
             PlaneOp::Counters(p) => self.counters(p).map(PlaneReply::Counters),
             PlaneOp::Dump(p) => self.dump(p).map(|d| PlaneReply::Dump(Box::new(d))),
             PlaneOp::Translations => self.translations().map(PlaneReply::Translations),
+            PlaneOp::ConnCounters(p) => self.connection_counters(p).map(PlaneReply::ConnCounters),
             PlaneOp::MovePort(p, shard) => done(self.move_port(p, shard)),
         }
     }

@@ -46,7 +46,7 @@ use uniplane_dataplane::ring::{ring, ring_link, Consumer, Producer, RingLink};
 use uniplane_dataplane::sched::{Backlog, Policy, Scheduler};
 use uniplane_dataplane::{Message, PortIo, Uid};
 
-use crate::acl::{AclRule, ConnKey};
+use crate::acl::{AclRule, ConnCounters, ConnKey};
 use crate::crossbar::padded;
 use crate::engine::{
     EngineConfig, EngineHandle, Idler, Joined, Outputs, Port, Queues, RunMode, ThreadWaker, Voqs,
@@ -361,6 +361,9 @@ impl Shard {
                 )
             }
             PlaneOp::Counters(p) => Ok(PlaneReply::Counters(self.owned_mut(p)?.port.counters())),
+            PlaneOp::ConnCounters(p) => Ok(PlaneReply::ConnCounters(
+                self.owned_mut(p)?.port.acl.connection_counters(),
+            )),
             PlaneOp::Dump(p) => {
                 let o = self.owned_mut(p)?;
                 let counters = o.port.counters();
@@ -734,6 +737,16 @@ impl ForwardingPlane for Control {
     fn counters(&mut self, p: PortId) -> Result<PortCounters, PlaneError> {
         match self.on_owner(p, PlaneOp::Counters(p))? {
             PlaneReply::Counters(c) => Ok(c),
+            _ => Err(PlaneError::EngineGone),
+        }
+    }
+
+    fn connection_counters(
+        &mut self,
+        p: PortId,
+    ) -> Result<Vec<(ConnKey, ConnCounters)>, PlaneError> {
+        match self.on_owner(p, PlaneOp::ConnCounters(p))? {
+            PlaneReply::ConnCounters(c) => Ok(c),
             _ => Err(PlaneError::EngineGone),
         }
     }

@@ -11,7 +11,7 @@ use uniplane_dataplane::ring::RingLink;
 use uniplane_dataplane::sched::Policy;
 use uniplane_dataplane::wire::{MsgFlags, ReqType, Status};
 use uniplane_dataplane::Message;
-use uniplane_overlay::acl::{AclRule, ConnKey};
+use uniplane_overlay::acl::{AclRule, ConnCounters, ConnKey};
 use uniplane_overlay::table::Route;
 use uniplane_overlay::{Engine, EngineConfig, ForwardingPlane, PortId, PortSpec, RunMode};
 
@@ -109,6 +109,96 @@ fn an_acl_denial_is_counted_and_answered_with_denied() {
     assert_eq!(answer.header().seqnum, 2);
     let c = e.counters(0).unwrap();
     assert_eq!((c.acl_denied, c.error_answers), (1, 1));
+}
+
+#[test]
+fn each_connection_direction_counts_exactly_the_messages_and_bytes_it_carried() {
+    // Tiny queues: inputs stall and look their heads up again, which must
+    // not count a message twice.
+    let config = EngineConfig {
+        voq_depth: 2,
+        ring_depth: 8,
+        burst: 4,
+        ..EngineConfig::default()
+    };
+    let (mut e, mut links) = engine_with_apps(2, config);
+    let there = ConnKey::of(msg(1, 2, 0, 0).header());
+    for p in 0..2 {
+        e.clear_acl_rules(p).unwrap();
+        e.allow_connection(p, there).unwrap();
+    }
+    const N: u32 = 1000;
+    let back_len = |seq: u32| (seq % 7) as usize;
+    let back = |seq: u32| {
+        let mut m = Message::send(
+            uid(2).port(2),
+            uid(1).port(1),
+            Bytes::from(vec![0; back_len(seq)]),
+        )
+        .unwrap();
+        m.set_seqnum(seq);
+        m
+    };
+    let (mut sent, mut answered, mut got) = (0u32, 0u32, [0u32; 2]);
+    let mut steps = 0;
+    while got != [N, N] {
+        while sent < N && try_send(&mut links[0], msg(1, 2, sent, 100)).is_ok() {
+            sent += 1;
+        }
+        while answered < N && try_send(&mut links[1], back(answered)).is_ok() {
+            answered += 1;
+        }
+        flush(&mut links[0]);
+        flush(&mut links[1]);
+        e.step(Duration::from_nanos(steps));
+        steps += 1;
+        for (i, l) in links.iter_mut().enumerate() {
+            while try_recv(l).is_some() {
+                got[1 - i] += 1;
+            }
+        }
+        assert!(steps < 1_000_000, "no progress");
+    }
+    assert!(
+        e.counters(0).unwrap().input_stalls > 0,
+        "tiny queues must push back"
+    );
+    let back_bytes: u64 = (0..N).map(|s| back_len(s) as u64).sum();
+    // Port 0 took in the connection's forward direction, port 1 its way back.
+    assert_eq!(
+        e.connection_counters(0).unwrap(),
+        vec![
+            (
+                there,
+                ConnCounters {
+                    msgs: N as u64,
+                    bytes: 100 * N as u64
+                }
+            ),
+            (there.reversed(), ConnCounters::default()),
+        ]
+    );
+    assert_eq!(
+        e.connection_counters(1).unwrap(),
+        vec![
+            (there, ConnCounters::default()),
+            (
+                there.reversed(),
+                ConnCounters {
+                    msgs: N as u64,
+                    bytes: back_bytes
+                }
+            ),
+        ]
+    );
+    // A denied message is no connection's: counted as a denial only.
+    try_send(&mut links[0], msg(1, 3, 0, 50)).unwrap();
+    flush(&mut links[0]);
+    e.step(Duration::from_nanos(steps));
+    assert_eq!(e.connection_counters(0).unwrap()[0].1.msgs, N as u64);
+    // The counters go with the connection.
+    e.revoke_connection(0, there).unwrap();
+    assert!(e.connection_counters(0).unwrap().is_empty());
 }
 
 #[test]

@@ -88,6 +88,7 @@ struct RawServer {
 struct RawRuntime {
     dir: Option<PathBuf>,
     metrics: Option<Spanned<String>>,
+    metrics_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -547,6 +548,10 @@ pub struct Config {
     pub runtime_dir: Option<PathBuf>,
     /// Prometheus metrics listener, if any.
     pub metrics: Option<SocketAddr>,
+    /// Open connections whose counters the metrics export (the longest
+    /// open first; `runtime.metrics_connections`, default 100): bounds
+    /// the series a scrape carries.
+    pub metrics_connections: usize,
     /// Engine sizes.
     pub max_ports: usize,
     /// Ring depth per port.
@@ -616,7 +621,10 @@ impl Config {
         check(self.name != new.name, "server.name");
         check(self.peer_listen != new.peer_listen, "server.peer_listen");
         check(self.runtime_dir != new.runtime_dir, "runtime");
-        check(self.metrics != new.metrics, "metrics");
+        check(
+            (self.metrics, self.metrics_connections) != (new.metrics, new.metrics_connections),
+            "metrics",
+        );
         check(
             (
                 self.max_ports,
@@ -709,6 +717,12 @@ impl Config {
         let peer_listen = parse_addr(&src, raw.server.peer_listen.as_ref(), "server.peer_listen")?
             .unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 7460)));
         let metrics = parse_addr(&src, raw.runtime.metrics.as_ref(), "runtime.metrics")?;
+        let metrics_connections = src.number_or(
+            raw.runtime.metrics_connections.as_ref(),
+            100,
+            "runtime.metrics_connections",
+            bounds::METRICS_CONNECTIONS,
+        )?;
         let plane = match raw.plane.as_ref() {
             None => crate::plane::PlaneKind::default(),
             Some(p) => match p.get_ref().parse() {
@@ -1059,6 +1073,7 @@ impl Config {
             peer_listen,
             runtime_dir: raw.runtime.dir.clone(),
             metrics,
+            metrics_connections,
             max_ports,
             ring_depth,
             voq_depth,

@@ -48,6 +48,20 @@ pub struct ConnRow {
     pub peer: Option<String>,
     /// Seconds since it opened.
     pub age_s: f64,
+    /// Messages it carried from `src` to `dst` (into this server's plane).
+    pub fwd_msgs: u64,
+    /// Their payload bytes.
+    pub fwd_bytes: u64,
+    /// Messages it carried back from `dst` to `src`.
+    pub back_msgs: u64,
+    /// Their payload bytes.
+    pub back_bytes: u64,
+}
+
+impl ConnRow {
+    fn same(&self, other: &ConnRow) -> bool {
+        self.src == other.src && self.dst == other.dst
+    }
 }
 
 /// One traffic class.
@@ -137,6 +151,10 @@ impl Sample {
                 class: u(&c["class"]),
                 peer: c["peer"].as_str().map(str::to_owned),
                 age_s: c["age_s"].as_f64().unwrap_or(0.0),
+                fwd_msgs: u(&c["src_to_dst_messages"]),
+                fwd_bytes: u(&c["src_to_dst_bytes"]),
+                back_msgs: u(&c["dst_to_src_messages"]),
+                back_bytes: u(&c["dst_to_src_bytes"]),
             })
             .collect();
         let classes = list(&status["classes"]["classes"])
@@ -222,6 +240,36 @@ pub fn rates(before: &Sample, now: &Sample, row: &PortRow) -> Option<PortRates> 
     })
 }
 
+/// Per-second rates of a connection between two samples, each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ConnRates {
+    /// Messages per second from source to destination.
+    pub fwd_msgs: f64,
+    /// Messages per second back.
+    pub back_msgs: f64,
+    /// Bytes per second from source to destination.
+    pub fwd_bytes: f64,
+    /// Bytes per second back.
+    pub back_bytes: f64,
+}
+
+/// The rates of `now`'s connection `row` since `before` (`None` for a
+/// connection the earlier sample lacks).
+pub fn conn_rates(before: &Sample, now: &Sample, row: &ConnRow) -> Option<ConnRates> {
+    let dt = now.at.checked_duration_since(before.at)?.as_secs_f64();
+    if dt <= 0.0 {
+        return None;
+    }
+    let old = before.connections.iter().find(|c| c.same(row))?;
+    let r = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
+    Some(ConnRates {
+        fwd_msgs: r(row.fwd_msgs, old.fwd_msgs),
+        back_msgs: r(row.back_msgs, old.back_msgs),
+        fwd_bytes: r(row.fwd_bytes, old.fwd_bytes),
+        back_bytes: r(row.back_bytes, old.back_bytes),
+    })
+}
+
 /// A count with a k/M/G suffix.
 fn human(v: f64) -> String {
     match v {
@@ -265,7 +313,19 @@ const PORT_HEADER: [&str; 10] = [
 ];
 const CLASS_HEADER: [&str; 4] = ["CLASS", "NAME", "WEIGHT", "PRIORITY"];
 const PEER_HEADER: [&str; 6] = ["PEER", "UP", "TUNNELS", "SENT", "DROPPED", "BACKLOG"];
-const CONN_HEADER: [&str; 5] = ["SOURCE", "DESTINATION", "CLASS", "PEER", "AGE"];
+const CONN_HEADER: [&str; 11] = [
+    "SOURCE",
+    "DESTINATION",
+    "CLASS",
+    "PEER",
+    "AGE",
+    "FWD/S",
+    "BACK/S",
+    "FWD B/S",
+    "BACK B/S",
+    "FWD",
+    "BACK",
+];
 
 fn class_cells(c: &ClassRow) -> [String; 4] {
     [
@@ -287,13 +347,21 @@ fn peer_cells(p: &PeerRow) -> [String; 6] {
     ]
 }
 
-fn conn_cells(c: &ConnRow) -> [String; 5] {
+fn conn_cells(before: Option<&Sample>, now: &Sample, c: &ConnRow) -> [String; 11] {
+    let r = before.and_then(|b| conn_rates(b, now, c));
+    let rate = |f: fn(&ConnRates) -> f64| r.as_ref().map_or("-".to_owned(), |r| human(f(r)));
     [
         c.src.clone(),
         c.dst.clone(),
         c.class.to_string(),
         c.peer.clone().unwrap_or_else(|| "local".into()),
         format!("{:.0} s", c.age_s),
+        rate(|r| r.fwd_msgs),
+        rate(|r| r.back_msgs),
+        rate(|r| r.fwd_bytes),
+        rate(|r| r.back_bytes),
+        human(c.fwd_msgs as f64),
+        human(c.back_msgs as f64),
     ]
 }
 
@@ -336,7 +404,11 @@ pub fn plain(before: Option<&Sample>, now: &Sample) -> String {
     table(&mut out, "CLASSES", CLASS_HEADER, &classes);
     let peers: Vec<_> = now.peers.iter().map(peer_cells).collect();
     table(&mut out, "PEERS", PEER_HEADER, &peers);
-    let conns: Vec<_> = now.connections.iter().map(conn_cells).collect();
+    let conns: Vec<_> = now
+        .connections
+        .iter()
+        .map(|c| conn_cells(before, now, c))
+        .collect();
     table(&mut out, "CONNECTIONS", CONN_HEADER, &conns);
     out
 }
@@ -431,13 +503,22 @@ fn draw(f: &mut ratatui::Frame<'_>, before: Option<&Sample>, now: &Sample, error
         grid(
             format!(" Connections ({}) ", now.connections.len()),
             CONN_HEADER,
-            now.connections.iter().map(conn_cells).collect(),
+            now.connections
+                .iter()
+                .map(|c| conn_cells(before, now, c))
+                .collect(),
             [
                 Constraint::Min(22),
                 Constraint::Min(22),
                 Constraint::Length(6),
                 Constraint::Length(16),
                 Constraint::Length(8),
+                num,
+                num,
+                num,
+                num,
+                num,
+                num,
             ],
         ),
         areas[3],
@@ -518,7 +599,9 @@ mod tests {
             "counters": { "rx_msgs": rx, "rx_bytes": rx * 100, "tx_msgs": 2, "tx_bytes": 200,
                           "acl_denied": 1, "no_route": 0 } }]);
         let conns = json!([{ "src": "10.0.0.1:2", "src_port": 49152, "dst": "10.0.0.2:1",
-                             "dst_port": 7, "class": 0, "peer": "10.0.0.2", "age_s": 3.2 }]);
+                             "dst_port": 7, "class": 0, "peer": "10.0.0.2", "age_s": 3.2,
+                             "src_to_dst_messages": rx, "src_to_dst_bytes": rx * 64,
+                             "dst_to_src_messages": 3, "dst_to_src_bytes": 30 }]);
         Sample::from_answers(&status, &stats, &conns, at)
     }
 
@@ -531,7 +614,7 @@ mod tests {
         assert!(t.contains("\n0      default  1       0"), "{t}");
         assert!(t.contains("\n10.0.0.2  yes  1        9     1"), "{t}");
         assert!(
-            t.contains("10.0.0.1:2/49152  10.0.0.2:1/7  0      10.0.0.2  3 s"),
+            t.contains("10.0.0.1:2/49152  10.0.0.2:1/7  0      10.0.0.2  3 s  -      -       -        -         10   3"),
             "{t}"
         );
     }
@@ -549,6 +632,13 @@ mod tests {
         assert_eq!(rates(&b, &a, &a.ports[0]), None);
         let t = plain(Some(&a), &b);
         assert!(t.contains("\n3     app   20"), "{t}");
+        let c = conn_rates(&a, &b, &b.connections[0]).unwrap();
+        assert_eq!((c.fwd_msgs, c.fwd_bytes), (20.0, 1280.0));
+        assert_eq!((c.back_msgs, c.back_bytes), (0.0, 0.0));
+        assert!(
+            t.contains("3 s  20     0       1280     0         50   3"),
+            "{t}"
+        );
     }
 
     #[test]

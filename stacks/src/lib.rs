@@ -17,6 +17,9 @@
 //!   TCP/IP stack on the frame layer.
 //! - `shm` ([`uniplane_shm::ShmStack`]): links between processes of one
 //!   server over shared-memory rings; the locator is a Unix socket path.
+//! - [`pcap`]: link middleware that captures what a link carries into a
+//!   pcap file, each message in an Ethernet frame as the `ether` stack
+//!   sends it.
 //!
 //! Stacks are found by name through [`by_name`], or [`build`] with the
 //! options a configuration file gives (interface, LTL underneath, address).
@@ -28,6 +31,7 @@ pub mod datagram;
 pub mod ether;
 pub mod inproc;
 pub mod ltl;
+pub mod pcap;
 pub mod tcp;
 pub mod udp;
 

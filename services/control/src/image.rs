@@ -155,6 +155,7 @@ impl PlaneImage {
             | PlaneOp::SetPolicy(..)
             | PlaneOp::Counters(_)
             | PlaneOp::Dump(_)
+            | PlaneOp::ConnCounters(_)
             | PlaneOp::Translations
             | PlaneOp::MovePort(..) => {}
         }

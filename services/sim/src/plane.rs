@@ -153,7 +153,10 @@ impl SimPlane {
                             return Err(PlaneError::NoTranslation(*c));
                         }
                     }
-                    PlaneOp::SetPolicy(p, _) | PlaneOp::Counters(p) | PlaneOp::Dump(p) => {
+                    PlaneOp::SetPolicy(p, _)
+                    | PlaneOp::Counters(p)
+                    | PlaneOp::Dump(p)
+                    | PlaneOp::ConnCounters(p) => {
                         port_of(ports, *p)?;
                     }
                     PlaneOp::Translations | PlaneOp::MovePort(..) => {}

@@ -72,6 +72,8 @@ impl fmt::Display for Bounds {
 
 /// `engine.max_ports`: ports of the engine, the daemon's own included.
 pub const MAX_PORTS: Bounds = Bounds::new(2, 256);
+/// `runtime.metrics_connections`: connections exported per scrape.
+pub const METRICS_CONNECTIONS: Bounds = Bounds::new(0, 100_000);
 /// `engine.ring_depth`: messages per port ring and direction (rounded up
 /// to a power of two).
 pub const RING_DEPTH: Bounds = Bounds::new(2, 16384);

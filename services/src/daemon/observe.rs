@@ -2,6 +2,7 @@
 //! counters read from the plane, Prometheus metrics, and the policy text
 //! the CLI sets.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use super::driver::Driver;
 use super::Shared;
 use crate::control::Answer;
 use uniplane_dataplane::wire::ReqType;
-use uniplane_overlay::acl::{ConnKey, TypeSet};
+use uniplane_overlay::acl::{ConnCounters, ConnKey, TypeSet};
 use uniplane_overlay::PlaneReply;
 
 pub(super) fn status(d: &Driver) -> serde_json::Value {
@@ -193,18 +194,78 @@ pub(super) fn routes(d: &Driver) -> serde_json::Value {
         .collect::<Vec<_>>())
 }
 
-pub(super) fn connections(d: &Driver) -> serde_json::Value {
+/// An open connection as the listings show it: key, class, peer, age.
+type OpenConnection = (ConnKey, u8, Option<std::net::Ipv4Addr>, Duration);
+
+/// The open connections, the longest open first, and the ports to read
+/// their counters from.
+fn open_connections(d: &Driver) -> (Vec<OpenConnection>, Vec<(String, PortId)>) {
     let now = d.now();
-    json!(d
+    let mut open: Vec<OpenConnection> = d
         .core
         .connections()
-        .map(|c| json!({
-            "src": c.key.src.to_string(), "src_port": c.key.src_port,
-            "dst": c.key.dst.to_string(), "dst_port": c.key.dst_port,
-            "class": c.class, "peer": c.peer.map(|p| p.to_string()),
-            "age_s": now.saturating_sub(c.since).as_secs_f64(),
-        }))
-        .collect::<Vec<_>>())
+        .map(|c| (c.key, c.class, c.peer, now.saturating_sub(c.since)))
+        .collect();
+    open.sort_by_key(|c| std::cmp::Reverse(c.3));
+    (open, ports(d))
+}
+
+/// What each connection direction carried into this server's plane: the
+/// counters of every port it is admitted at, added up (a message enters
+/// the plane once, through one port). `None` when the plane keeps no
+/// per-connection counters (the RTL plane).
+async fn carried(
+    shared: &Shared,
+    ports: &[(String, PortId)],
+) -> Option<HashMap<ConnKey, ConnCounters>> {
+    let ops = ports
+        .iter()
+        .map(|(_, p)| PlaneOp::ConnCounters(*p))
+        .collect();
+    let replies = shared.plane.submit(ops).await.ok()?;
+    let mut sum: HashMap<ConnKey, ConnCounters> = HashMap::new();
+    let mut kept = false;
+    for reply in replies {
+        // A port detached since the listing answers an error: skipped.
+        if let Ok(PlaneReply::ConnCounters(list)) = reply {
+            kept = true;
+            for (key, c) in list {
+                let e = sum.entry(key).or_default();
+                e.msgs += c.msgs;
+                e.bytes += c.bytes;
+            }
+        }
+    }
+    kept.then_some(sum)
+}
+
+/// `uniplane connections`: every open connection with what it carried
+/// each way (`src_to_dst_messages`, `src_to_dst_bytes`,
+/// `dst_to_src_messages`, `dst_to_src_bytes`; absent where the plane
+/// keeps no per-connection counters). `None` when the daemon is stopping.
+pub(super) async fn connections(shared: &Shared) -> Option<serde_json::Value> {
+    let (open, ports) = shared.inspect(open_connections).await?;
+    let carried = carried(shared, &ports).await;
+    Some(json!(open
+        .iter()
+        .map(|(key, class, peer, age)| {
+            let mut v = json!({
+                "src": key.src.to_string(), "src_port": key.src_port,
+                "dst": key.dst.to_string(), "dst_port": key.dst_port,
+                "class": class, "peer": peer.map(|p| p.to_string()),
+                "age_s": age.as_secs_f64(),
+            });
+            if let Some(c) = &carried {
+                let there = c.get(key).copied().unwrap_or_default();
+                let back = c.get(&key.reversed()).copied().unwrap_or_default();
+                v["src_to_dst_messages"] = json!(there.msgs);
+                v["src_to_dst_bytes"] = json!(there.bytes);
+                v["dst_to_src_messages"] = json!(back.msgs);
+                v["dst_to_src_bytes"] = json!(back.bytes);
+            }
+            v
+        })
+        .collect::<Vec<_>>()))
 }
 
 /// Every port the daemon owns, named for counters.
@@ -402,6 +463,23 @@ const PORT_FAMILIES: [PortFamily; 12] = [
     ),
 ];
 
+/// A per-connection counter: name (with `_total`), help, and how to read
+/// one direction's counters.
+type ConnectionFamily = (&'static str, &'static str, fn(&ConnCounters) -> u64);
+
+const CONNECTION_FAMILIES: [ConnectionFamily; 2] = [
+    (
+        "uniplane_connection_messages_total",
+        "Messages an open connection carried into this server's plane, by direction (a message cut into segments on the way counts once per segment on the receiving server).",
+        |c| c.msgs,
+    ),
+    (
+        "uniplane_connection_bytes_total",
+        "Payload bytes an open connection carried into this server's plane, by direction.",
+        |c| c.bytes,
+    ),
+];
+
 /// A per-peer underlay value: name, type, help, and how to read it.
 type UnderlayFamily = (
     &'static str,
@@ -458,6 +536,11 @@ const UNDERLAY_FAMILIES: [UnderlayFamily; 6] = {
 struct Scrape {
     ports: Vec<(String, PortId, PortCounters)>,
     connections: usize,
+    /// The exported connections, the longest open first: key and what
+    /// it carried (src → dst, dst → src).
+    flows: Vec<(ConnKey, ConnCounters, ConnCounters)>,
+    /// Open connections left out of `flows` by the configured cap.
+    flows_left_out: usize,
     setup: [SetupHistogram; 2],
     /// (server, reachable, failures).
     peers: Vec<(String, bool, u64)>,
@@ -524,6 +607,35 @@ impl Collector for Scrape {
             MetricType::Gauge,
         )?;
         ConstGauge::new(self.connections as u64).encode(m)?;
+        for (name, help, get) in CONNECTION_FAMILIES {
+            labelled(
+                &mut e,
+                name,
+                MetricType::Counter,
+                help,
+                self.flows.iter().flat_map(|(key, there, back)| {
+                    [("src_to_dst", there), ("dst_to_src", back)].map(|(direction, c)| {
+                        (
+                            [
+                                ("src", key.src.to_string()),
+                                ("src_port", key.src_port.to_string()),
+                                ("dst", key.dst.to_string()),
+                                ("dst_port", key.dst_port.to_string()),
+                                ("direction", direction.to_string()),
+                            ],
+                            get(c),
+                        )
+                    })
+                }),
+            )?;
+        }
+        let m = e.encode_descriptor(
+            "uniplane_connections_unexported",
+            "Open connections whose counters the metrics leave out (runtime.metrics_connections caps them; the longest open are kept).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.flows_left_out as u64).encode(m)?;
         let mut m = e.encode_descriptor(
             "uniplane_connect_seconds",
             "Time to set up a connection, by path (local or through a peer).",
@@ -673,7 +785,7 @@ pub(super) async fn metrics_text(shared: &Shared) -> String {
                 .map(|t| (t.from.to_string(), t.class, t.port))
                 .collect();
             (
-                ports(d),
+                open_connections(d),
                 d.core.connections().count(),
                 d.setup.clone(),
                 peers
@@ -687,13 +799,26 @@ pub(super) async fn metrics_text(shared: &Shared) -> String {
             )
         })
         .await;
-    let Some((ports, connections, setup, peers, tunnels, inbound, classes, underlay)) = snapshot
+    let Some(((open, ports), connections, setup, peers, tunnels, inbound, classes, underlay)) =
+        snapshot
     else {
         return String::new();
     };
+    let limit = shared.config.metrics_connections;
+    let carried = carried(shared, &ports).await.unwrap_or_default();
+    let flows = open
+        .iter()
+        .take(limit)
+        .map(|(key, ..)| {
+            let get = |k: &ConnKey| carried.get(k).copied().unwrap_or_default();
+            (*key, get(key), get(&key.reversed()))
+        })
+        .collect();
     let scrape = Scrape {
         ports: counters(shared, ports).await,
         connections,
+        flows,
+        flows_left_out: open.len().saturating_sub(limit),
         setup,
         peers,
         tunnels,
@@ -867,7 +992,21 @@ mod tests {
                     ..PortCounters::default()
                 },
             )],
-            connections: 1,
+            connections: 2,
+            flows: vec![(
+                ConnKey {
+                    src: "10.0.0.1:2".parse().unwrap(),
+                    src_port: 49152,
+                    dst: "10.0.0.2:1".parse().unwrap(),
+                    dst_port: 7,
+                },
+                ConnCounters {
+                    msgs: 5,
+                    bytes: 500,
+                },
+                ConnCounters { msgs: 5, bytes: 0 },
+            )],
+            flows_left_out: 1,
             setup: [local, SetupHistogram::default()],
             peers: vec![("10.0.0.2".into(), true, 1)],
             tunnels: vec![("10.0.0.2".into(), 1, 9, "udp".into())],
@@ -897,7 +1036,16 @@ mod tests {
         assert!(t.contains("uniplane_port_rx_messages_total{port=\"3\",name=\"app\"} 7\n"));
         assert!(t.contains("uniplane_port_acl_denied_total{port=\"3\",name=\"app\"} 2\n"));
         assert!(t.contains("uniplane_peer_refused_total 0\n"));
-        assert!(t.contains("uniplane_connections 1\n"));
+        assert!(t.contains("uniplane_connections 2\n"));
+        assert!(t.contains(
+            "uniplane_connection_bytes_total{src=\"10.0.0.1:2\",src_port=\"49152\",\
+             dst=\"10.0.0.2:1\",dst_port=\"7\",direction=\"src_to_dst\"} 500\n"
+        ));
+        assert!(t.contains(
+            "uniplane_connection_messages_total{src=\"10.0.0.1:2\",src_port=\"49152\",\
+             dst=\"10.0.0.2:1\",dst_port=\"7\",direction=\"dst_to_src\"} 5\n"
+        ));
+        assert!(t.contains("uniplane_connections_unexported 1\n"));
         assert!(t.contains("uniplane_underlay_tunnels{server=\"10.0.0.2\"} 2\n"));
         assert!(t.contains(
             "uniplane_tunnel_open{server=\"10.0.0.2\",class=\"1\",port=\"9\",stack=\"udp\"} 1\n"

@@ -155,8 +155,7 @@ async fn handle(shared: &Arc<Shared>, id: u64, names: &mut Names, req: CtlReques
             .inspect(observe::routes)
             .await
             .map_or_else(gone, Answer::ok),
-        CtlRequest::Connections => shared
-            .inspect(observe::connections)
+        CtlRequest::Connections => observe::connections(shared)
             .await
             .map_or_else(gone, Answer::ok),
         CtlRequest::Tables { device } => observe::tables(shared, device).await,

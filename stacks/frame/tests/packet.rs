@@ -12,7 +12,7 @@ use uniplane_frame::packet::{src_mac_filter, PacketConfig, PacketDevice};
 use uniplane_frame::{FrameDevice, RxQueue, TxQueue};
 use uniplane_netns::Pair;
 
-const ETHERTYPE: u16 = 0x88b5;
+use uniplane_stacks::ether::ETHERTYPE;
 
 /// Receives frames of `ETHERTYPE` until `want` arrived or 10 s passed,
 /// counting them in `progress`; returns (index, length) of each.

@@ -38,10 +38,12 @@ pub use uniplane_frame::{DeviceOpener, PacketOpener};
 use crate::ltl::{spawn_endpoint, LtlConfig, LtlHandle};
 use link::{Counters, SharedDevice};
 
-/// Default EtherType of overlay messages (IEEE 802 local experimental 1).
-pub const ETHERTYPE: u16 = 0x88b5;
-/// Default EtherType of LTL frames (IEEE 802 local experimental 2).
-pub const LTL_ETHERTYPE: u16 = 0x88b6;
+/// Default EtherType of overlay messages (IEEE 802 local experimental 1,
+/// 0x88B5).
+pub const ETHERTYPE: u16 = libc::ETH_P_802_EX1 as u16;
+/// Default EtherType of LTL frames (IEEE 802 local experimental 2,
+/// 0x88B6: the one after the first; `libc` names only the first).
+pub const LTL_ETHERTYPE: u16 = ETHERTYPE + 1;
 
 /// How the `ether` stack behaves.
 #[derive(Clone, Debug)]

@@ -121,7 +121,10 @@ impl ModelPlane {
                     .remove(c)
                     .ok_or(PlaneError::NoTranslation(*c))?;
             }
-            PlaneOp::SetPolicy(p, _) | PlaneOp::Counters(p) | PlaneOp::Dump(p) => {
+            PlaneOp::SetPolicy(p, _)
+            | PlaneOp::Counters(p)
+            | PlaneOp::Dump(p)
+            | PlaneOp::ConnCounters(p) => {
                 port(&mut self.ports, *p)?;
             }
             PlaneOp::SetDefault(p, _) => {

@@ -6,8 +6,8 @@ use std::process::Command;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use uniplane_dataplane::channel;
-use uniplane_dataplane::pcap::{Capture, PcapWriter};
 use uniplane_dataplane::{Message, Uid};
+use uniplane_stacks::pcap::{Capture, PcapWriter};
 
 /// Whether tshark can run here; fails the test instead when the test
 /// script demands every tool (UNIPLANE_REQUIRE_TOOLS=1).

@@ -1,13 +1,18 @@
 //! Capture of the messages a link carries into pcap files that tshark and
 //! Wireshark open.
 //!
-//! Each message is written as an Ethernet II frame with EtherType 0x88B5
-//! (IEEE local experimental, the default of the `ether` stack) whose
+//! Each message is written as an Ethernet II frame with the `ether`
+//! stack's EtherType ([`ETHERTYPE`], IEEE 802 local experimental 1) whose
 //! payload is the encoded message, so a capture of a wrapped link looks
 //! like a capture of the raw-Ethernet stack. The frame's MAC addresses are
 //! the source and destination UIDs with the first octet's two low bits set
 //! to "locally administered, unicast". Timestamps have nanosecond
 //! resolution.
+//!
+//! The Ethernet header is written by the frame layer (`smoltcp::wire`),
+//! the file format by the `pcap-file` crate; this module only decides what
+//! goes into them. It lives here rather than in `uniplane-dataplane` so
+//! the vocabulary crate every other one builds on stays free of both.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -16,22 +21,20 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use byteorder::LittleEndian;
 use bytes::BytesMut;
 use futures_core::Stream;
 use futures_sink::Sink;
+use pcap_file::pcap::{PcapHeader, PcapPacket};
+use pcap_file::{DataLink, PcapError, TsResolution};
+use uniplane_dataplane::wire::EXTENDED_HEADER_LEN;
+use uniplane_dataplane::{Link, LinkError, Message, Uid};
+use uniplane_frame::eth::{self, MacAddr};
 
-use crate::link::{Link, LinkError};
-use crate::wire::EXTENDED_HEADER_LEN;
-use crate::{Message, Uid};
+pub use crate::ether::ETHERTYPE;
 
-/// EtherType of captured frames (IEEE 802 local experimental 1).
-pub const ETHERTYPE: u16 = 0x88b5;
-/// pcap magic number of nanosecond-resolution files.
-pub const MAGIC_NANOS: u32 = 0xa1b2_3c4d;
-/// pcap link type of Ethernet.
-pub const LINKTYPE_ETHERNET: u32 = 1;
 /// Length of the Ethernet header in front of each message.
-pub const ETHERNET_HEADER_LEN: usize = 14;
+pub const ETHERNET_HEADER_LEN: usize = eth::HEADER_LEN;
 /// Largest frame a capture holds: Ethernet header, two-beat header and the
 /// largest payload.
 pub const SNAPLEN: u32 = (ETHERNET_HEADER_LEN + EXTENDED_HEADER_LEN + Message::MAX_PAYLOAD) as u32;
@@ -44,11 +47,20 @@ pub fn uid_mac(uid: Uid) -> [u8; 6] {
     mac
 }
 
-/// Writes messages into a pcap stream.
+/// Writes messages into a pcap stream: Ethernet frames, nanosecond
+/// timestamps, little-endian.
 pub struct PcapWriter<W: Write> {
     out: W,
     scratch: BytesMut,
     records: u64,
+}
+
+/// The I/O error a `pcap-file` error stands for.
+fn io_error(e: PcapError) -> io::Error {
+    match e {
+        PcapError::IoError(e) => e,
+        other => io::Error::other(other),
+    }
 }
 
 impl PcapWriter<BufWriter<File>> {
@@ -61,14 +73,17 @@ impl PcapWriter<BufWriter<File>> {
 impl<W: Write> PcapWriter<W> {
     /// Writes the pcap file header to `out`.
     pub fn new(mut out: W) -> io::Result<Self> {
-        let mut header = [0u8; 24];
-        header[0..4].copy_from_slice(&MAGIC_NANOS.to_le_bytes());
-        header[4..6].copy_from_slice(&2u16.to_le_bytes());
-        header[6..8].copy_from_slice(&4u16.to_le_bytes());
-        // thiszone and sigfigs stay 0.
-        header[16..20].copy_from_slice(&SNAPLEN.to_le_bytes());
-        header[20..24].copy_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
-        out.write_all(&header)?;
+        // `pcap_file::pcap::PcapWriter` would own `out` with no way to
+        // flush it; its header and packet encoders are used directly.
+        PcapHeader {
+            snaplen: SNAPLEN,
+            datalink: DataLink::ETHERNET,
+            ts_resolution: TsResolution::NanoSecond,
+            endianness: pcap_file::Endianness::Little,
+            ..PcapHeader::default()
+        }
+        .write_to(&mut out)
+        .map_err(io_error)?;
         Ok(PcapWriter {
             out,
             scratch: BytesMut::with_capacity(SNAPLEN as usize),
@@ -80,20 +95,18 @@ impl<W: Write> PcapWriter<W> {
     pub fn write_message(&mut self, time: SystemTime, message: &Message) -> io::Result<()> {
         let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
         self.scratch.clear();
-        self.scratch
-            .extend_from_slice(&uid_mac(message.header().dst));
-        self.scratch
-            .extend_from_slice(&uid_mac(message.header().src));
-        self.scratch.extend_from_slice(&ETHERTYPE.to_be_bytes());
+        self.scratch.resize(ETHERNET_HEADER_LEN, 0);
+        eth::write_header(
+            &mut self.scratch,
+            MacAddr(uid_mac(message.header().dst)),
+            MacAddr(uid_mac(message.header().src)),
+            ETHERTYPE,
+        );
         message.encode(&mut self.scratch);
         let len = self.scratch.len() as u32;
-        let mut record = [0u8; 16];
-        record[0..4].copy_from_slice(&(since.as_secs() as u32).to_le_bytes());
-        record[4..8].copy_from_slice(&since.subsec_nanos().to_le_bytes());
-        record[8..12].copy_from_slice(&len.to_le_bytes());
-        record[12..16].copy_from_slice(&len.to_le_bytes());
-        self.out.write_all(&record)?;
-        self.out.write_all(&self.scratch)?;
+        PcapPacket::new(since, len, &self.scratch)
+            .write_to::<_, LittleEndian>(&mut self.out, TsResolution::NanoSecond, SNAPLEN)
+            .map_err(io_error)?;
         self.records += 1;
         Ok(())
     }
@@ -183,10 +196,10 @@ impl<L: Link, W: Write + Send + Unpin> Link for Capture<L, W> {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel;
     use bytes::Bytes;
     use futures_util::{SinkExt, StreamExt};
     use std::net::Ipv4Addr;
+    use uniplane_dataplane::channel;
 
     fn le32(b: &[u8], at: usize) -> u32 {
         u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
@@ -206,8 +219,13 @@ mod tests {
         let (_, writer) = cap.into_parts();
         let file = writer.into_inner();
 
-        assert_eq!(le32(&file, 0), MAGIC_NANOS);
-        assert_eq!(le32(&file, 20), LINKTYPE_ETHERNET);
+        // The file header as the pcap format defines it: the magic of
+        // nanosecond files, version 2.4, our snap length, link type 1
+        // (Ethernet).
+        assert_eq!(le32(&file, 0), 0xa1b2_3c4d);
+        assert_eq!(&file[4..8], &[2, 0, 4, 0]);
+        assert_eq!(le32(&file, 16), SNAPLEN);
+        assert_eq!(le32(&file, 20), 1);
         let mut at = 24;
         for _ in 0..2 {
             let len = le32(&file, at + 8) as usize;
@@ -215,7 +233,7 @@ mod tests {
             let frame = &file[at + 16..at + 16 + len];
             assert_eq!(&frame[0..6], &uid_mac(dst));
             assert_eq!(&frame[6..12], &uid_mac(src));
-            assert_eq!(&frame[12..14], &ETHERTYPE.to_be_bytes());
+            assert_eq!(&frame[12..14], &[0x88, 0xb5]);
             let body = Bytes::copy_from_slice(&frame[14..]);
             assert_eq!(Message::decode(&body).unwrap().0, m);
             at += 16 + len;
