@@ -26,6 +26,8 @@
 //!   over TCP loopback.
 //! - [`devices`]: a memory device (host or GPU memory) written and read
 //!   back through a daemon, beside memcpy or the driver's pinned copy.
+//! - [`p2p`]: peer-to-peer transfers between two emulated devices beside
+//!   memcpy of the same sizes.
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
@@ -44,6 +46,7 @@ pub mod fabric;
 pub mod fabric_shards;
 pub mod gen;
 pub mod hist;
+pub mod p2p;
 pub mod pacer;
 pub mod path;
 pub mod peer;

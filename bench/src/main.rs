@@ -83,6 +83,10 @@ enum Command {
     /// a daemon started in this process, beside memcpy (host) or the
     /// driver's pinned host-to-device copy (gpu).
     Devices(DevicesArgs),
+    /// Peer-to-peer transfers between two emulated devices (push, pull,
+    /// staged, pipelined) over a sweep of sizes, beside memcpy of the same
+    /// sizes between the same memories.
+    P2p(P2pArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -179,6 +183,32 @@ struct DevicesArgs {
     /// Timed rounds of each figure; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
+}
+
+#[derive(Args)]
+struct P2pArgs {
+    /// Transfer modes, comma-separated: push, pull, staged, pipelined, or all.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    mode: Vec<String>,
+    /// Bytes per transfer: sizes and FROM..TO ranges that double, with K or
+    /// M suffixes (at most 256M), e.g. 4..32M or 64,4K,1M.
+    #[arg(long, default_value = "4..32M")]
+    sizes: String,
+    /// Milliseconds spent on each point (at least 3 transfers each).
+    #[arg(long, default_value_t = 60)]
+    budget_ms: u64,
+    /// Clear B before each point and compare its bytes with A's after.
+    #[arg(long)]
+    verify: bool,
+    /// A PCIe link model for both engines: none (memory speed), gen2x4, gen3x8.
+    #[arg(long, default_value = "none")]
+    model: String,
+    /// Where the modelled link goes: direct, switch or rc (root complex).
+    #[arg(long, default_value = "direct")]
+    link_path: String,
+    /// Draw GB/s against size, a line per mode and memcpy's (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -760,7 +790,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
             } else {
                 "lossless"
             };
-            let mut live = Live::new(format!("{} {tag}", label_of(mix)), cli.quiet);
+            let mut live = Live::new(format!("{} {tag}", label_of(mix)), cli.quiet || cli.json);
             let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
             let sender = LtlSenderCounters::from(stack.client_stats().unwrap_or_default());
             if lossy {
@@ -782,7 +812,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
             ..base.clone()
         };
         let label = label_of(mix);
-        let mut live = Live::new(label.clone(), cli.quiet);
+        let mut live = Live::new(label.clone(), cli.quiet || cli.json);
         let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
         drop(live);
         if mixes.len() > 1 && !cli.quiet {
@@ -931,7 +961,7 @@ fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
         timeout: Duration::from_millis(a.timeout_ms.max(1)),
         ..RttConfig::default()
     };
-    let mut live = Live::new("rtt".into(), cli.quiet);
+    let mut live = Live::new("rtt".into(), cli.quiet || cli.json);
     let run = run_rtt(stack, &at, &cfg, &mut live)?;
     drop(live);
     let (seconds, count) = cfg.stop.plan();
@@ -1845,6 +1875,125 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("devices", params, r))
 }
 
+fn p2p(cli: &Cli, a: &P2pArgs) -> Result<(), BenchError> {
+    use uniplane_bench::p2p::{parse_mode, parse_model, run_p2p, P2pBench, MAX_P2P_SIZE};
+    use uniplane_shm::p2p::TransferMode;
+    let mut modes = Vec::new();
+    for m in &a.mode {
+        if m == "all" {
+            modes.extend(TransferMode::ALL);
+        } else {
+            modes.push(parse_mode(m)?);
+        }
+    }
+    modes.dedup();
+    let sizes = uniplane_bench::sizes::parse_byte_sizes(&a.sizes, MAX_P2P_SIZE)
+        .map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
+    let cfg = P2pBench {
+        modes,
+        sizes: sizes.clone(),
+        budget: Duration::from_millis(a.budget_ms),
+        verify: a.verify,
+        model: parse_model(&a.model, &a.link_path)?,
+    };
+    let mut live = Live::new("p2p".into(), cli.quiet || cli.json);
+    let r = run_p2p(&cfg, &mut live)?;
+    drop(live);
+    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.3}"));
+    println!(
+        "p2p device A → device B, model {}{}, {} ms per point (median time; GB/s of payload):",
+        a.model,
+        if a.model == "none" {
+            String::new()
+        } else {
+            format!(" via {}", a.link_path)
+        },
+        a.budget_ms
+    );
+    let names: Vec<&str> = cfg.modes.iter().map(|m| m.name()).collect();
+    print!("  {:>10} {:>9}", "bytes", "memcpy");
+    for n in &names {
+        print!(" {n:>17}");
+    }
+    println!();
+    for (i, size) in sizes.iter().enumerate() {
+        print!("  {size:>10} {:>9}", f(&r["memcpy_gbytes_per_sec"][i]));
+        for m in r["modes"].as_array().into_iter().flatten() {
+            let p = &m["points"][i];
+            let bad = if p["verified"] == json!(false) {
+                " BAD"
+            } else {
+                ""
+            };
+            print!(
+                " {:>9} {:>7}",
+                f(&p["gbytes_per_sec"]),
+                format!("{}x{bad}", f(&p["vs_memcpy"]))
+            );
+        }
+        println!();
+    }
+    for m in r["modes"].as_array().into_iter().flatten() {
+        match m["fit"].as_object() {
+            Some(fit) => println!(
+                "  fit {}: {:.2} µs + size ÷ {:.2} GB/s",
+                m["mode"].as_str().unwrap_or("?"),
+                fit["latency_us"].as_f64().unwrap_or(0.0),
+                fit["gbytes_per_sec"].as_f64().unwrap_or(0.0)
+            ),
+            None => println!(
+                "  fit {}: needs two sizes or more",
+                m["mode"].as_str().unwrap_or("?")
+            ),
+        }
+    }
+    if let Some(v) = r["verified"].as_bool() {
+        println!("  verified: {v}");
+    }
+    if let Some(path) = &a.plot {
+        let line = |ys: &Value| -> Vec<(f64, f64)> {
+            sizes
+                .iter()
+                .zip(ys.as_array().into_iter().flatten())
+                .filter_map(|(&s, y)| Some((s as f64, y.as_f64().filter(|y| *y > 0.0)?)))
+                .collect()
+        };
+        let mut lines: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
+        for m in r["modes"].as_array().into_iter().flatten() {
+            let ys: Vec<Value> = m["points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["gbytes_per_sec"].clone())
+                .collect();
+            lines.push((m["mode"].as_str().unwrap_or("?"), line(&Value::Array(ys))));
+        }
+        lines.push(("memcpy (peer)", line(&r["memcpy_gbytes_per_sec"])));
+        plot::draw(
+            path,
+            &Chart::LogLog {
+                title: "device A → device B",
+                x_label: "bytes per transfer",
+                y_label: "GB/s",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
+    let fails = r["verified"] == json!(false);
+    let params = json!({
+        "modes": names, "sizes": sizes, "budget_ms": a.budget_ms, "verify": a.verify,
+        "model": a.model, "link_path": a.link_path,
+    });
+    emit(cli.json, &Report::new("p2p", params, r))?;
+    if fails {
+        return Err(BenchError::Config(
+            "device B's bytes differ from device A's after a transfer".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1864,6 +2013,7 @@ fn main() -> ExitCode {
         Command::Pgas(a) => pgas(&cli, a),
         Command::Scale(a) => scale(&cli, a),
         Command::Devices(a) => devices(&cli, a),
+        Command::P2p(a) => p2p(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)
