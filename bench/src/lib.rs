@@ -10,7 +10,8 @@
 //!   rates and patterns ([`args`], [`pacer`]), flows, warm-up; a stamp in
 //!   each payload ([`stamp`]) gives one-way latency into an HDR histogram
 //!   ([`hist`]) and loss and reordering by sequence number.
-//! - [`rtt`]: closed-loop ping-pong against an echo side.
+//! - [`rtt`]: closed-loop ping-pong against an echo side; [`shm_rtt`]:
+//!   round trips over the PIO mailbox or the DMA ring beside a Unix socket.
 //! - [`peer`]: real tools (iperf3, …) on the same workload in the same run,
 //!   alternating with ours, and the ratio.
 //! - [`plot`]: charts of a run as SVG or PNG.
@@ -58,6 +59,7 @@ pub mod rtt;
 pub mod scale;
 pub mod share;
 pub mod share_daemons;
+pub mod shm_rtt;
 pub mod sizes;
 pub mod stacks;
 pub mod stamp;

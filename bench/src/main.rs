@@ -522,6 +522,11 @@ struct RttArgs {
     /// Milliseconds after which an unanswered request counts as lost.
     #[arg(long, default_value_t = 200)]
     timeout_ms: u64,
+    /// With --stack shm: round trips over a device path of shared memory
+    /// instead of a link — pio (the PIO mailbox) or dma (the DMA ring) —
+    /// beside a Unix-socket ping-pong of the same size in the same run.
+    #[arg(long, value_parser = ["pio", "dma"])]
+    path: Option<String>,
     /// Draw the RTT CDF (or throughput) into this .svg or .png file.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -950,6 +955,9 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
 }
 
 fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
+    if let Some(path) = &a.path {
+        return shm_path_rtt(cli, a, path);
+    }
     let stack = open_rtt_stack(&a.at.stack, a.busy_poll)?;
     let at = a.at.endpoints()?;
     let cfg = RttConfig {
@@ -1021,6 +1029,97 @@ fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
         };
         plot::draw(path, &chart)?;
         println!("  plot: {}", path.display());
+    }
+    emit(cli.json, &Report::new("rtt", params, results))
+}
+
+/// `rtt --stack shm --path pio|dma`: round trips over a device path,
+/// then the Unix-socket peer for as long.
+fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
+    use uniplane_bench::shm_rtt::{run_shm_rtt, run_unix_rtt, ShmPath, PEER};
+    if a.at.stack != "shm" {
+        return Err(BenchError::Config(format!(
+            "--path {path} is a path of the shm stack: use it with --stack shm, not `{}`",
+            a.at.stack
+        )));
+    }
+    let which = ShmPath::by_name(path)?;
+    let cfg = RttConfig {
+        size: a.size,
+        inflight: a.inflight,
+        stop: a.time.stop(),
+        warmup: a.time.warmup()?,
+        busy_poll: a.busy_poll,
+        ..RttConfig::default()
+    };
+    let quiet = cli.quiet || cli.json;
+    let mut live = Live::new(format!("shm {path}"), quiet);
+    let ours = run_shm_rtt(which, &cfg, &mut live)?;
+    drop(live);
+    let mut live = Live::new("unix".into(), quiet);
+    let peer = run_unix_rtt(&cfg, &mut live)?;
+    drop(live);
+    let result_of = |run: &uniplane_bench::rtt::RttRun| RttResults {
+        rtt_ns: run.rtt.percentiles(),
+        round_trips_per_s: run.round_trips_per_s(),
+        sent: run.sent,
+        received: run.received,
+        lost: run.lost,
+        errors: run.errors,
+        seconds: run.seconds,
+        per_second: PerSecond::of(&run.samples),
+    };
+    let (o, p) = (result_of(&ours), result_of(&peer));
+    let ratio = if p.rtt_ns.p50 > 0 {
+        o.rtt_ns.p50 as f64 / p.rtt_ns.p50 as f64
+    } else {
+        0.0
+    };
+    let wait = match (which, a.busy_poll) {
+        (ShmPath::Dma, _) => "the engine spins, the pinger spins on the notify word",
+        (ShmPath::Pio, true) => "both sides busy-poll",
+        (ShmPath::Pio, false) => "both sides spin 20 µs, then park",
+    };
+    println!(
+        "rtt over shm, path {path}: {} B payload each way, {wait}",
+        a.size
+    );
+    println!(
+        "  {:.3} s measured: {} round trips ({:.0}/s)",
+        o.seconds, o.received, o.round_trips_per_s
+    );
+    print_percentiles(&format!("shm {path}"), &o.rtt_ns);
+    print_percentiles("unix sock", &p.rtt_ns);
+    println!("  p50 ratio shm {path} / Unix socket: {ratio:.3}  (peer: {PEER})");
+    if let Some(file) = &a.plot {
+        let ours_label = format!("shm {path}");
+        let lines = [
+            (ours_label.as_str(), ours.rtt.cdf()),
+            ("Unix socket (peer)", peer.rtt.cdf()),
+        ];
+        plot::draw(
+            file,
+            &Chart::Cdfs {
+                what: "round-trip time",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", file.display());
+    }
+    let (seconds, count) = cfg.stop.plan();
+    let params = json!({
+        "stack": "shm", "path": path, "size": a.size, "inflight": 1, "seconds": seconds,
+        "count": count, "warmup_s": a.time.warmup, "busy_poll": a.busy_poll, "wait": wait,
+    });
+    let mut results = serde_json::to_value(&o)?;
+    if let Value::Object(m) = &mut results {
+        m.insert("path".into(), json!(path));
+        m.insert(
+            "peer".into(),
+            json!({ "name": PEER, "rtt_ns": p.rtt_ns, "round_trips_per_s": p.round_trips_per_s,
+                    "seconds": p.seconds, "per_second": p.per_second }),
+        );
+        m.insert("p50_ratio".into(), json!(ratio));
     }
     emit(cli.json, &Report::new("rtt", params, results))
 }

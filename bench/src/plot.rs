@@ -49,6 +49,14 @@ pub enum Chart<'a> {
     },
     /// Per size: (payload bytes, Mpps, Mbit/s at L2).
     SizeSweep(&'a [(f64, f64, f64)]),
+    /// Cumulative distributions of latency, one named line each (ours and
+    /// the peer's): (ns, fraction at or below).
+    Cdfs {
+        /// Axis label (`round-trip time`).
+        what: &'a str,
+        /// The lines.
+        lines: &'a [(&'a str, Vec<(u64, f64)>)],
+    },
     /// Several named lines over time: (seconds, value) each.
     Lines {
         /// The chart's title.
@@ -198,6 +206,40 @@ fn render<DB: DrawingBackend>(
                 &RED,
             ))
             .map_err(e)?;
+        }
+        Chart::Cdfs { what, lines } => {
+            let all = || lines.iter().flat_map(|(_, v)| v.iter());
+            if all().next().is_none() {
+                return Err("no latency recorded".into());
+            }
+            let lo = all().map(|p| p.0.max(1)).min().unwrap_or(1) as f64 / 1e3;
+            let hi = all().map(|p| p.0.max(2)).max().unwrap_or(2) as f64 / 1e3;
+            let mut c = framed(root, format!("CDF of {what}"))
+                .build_cartesian_2d((lo * 0.9..hi * 1.1).log_scale(), 0.0..1.0)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc(format!("{what}, µs (log scale)"))
+                .y_desc("fraction at or below")
+                .draw()
+                .map_err(e)?;
+            for (i, (name, points)) in lines.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                c.draw_series(LineSeries::new(
+                    points.iter().map(|&(ns, f)| (ns.max(1) as f64 / 1e3, f)),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            }
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
         }
         Chart::Lines {
             title,
