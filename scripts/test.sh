@@ -78,6 +78,9 @@ cargo test --workspace --doc
 echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
 cargo clippy -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl --all-targets -- -D warnings
 cargo test -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl
+echo "==> the RTL crossbar in uniplane-bench (hw, --features rtl)"
+cargo clippy -p uniplane-bench --features rtl --all-targets -- -D warnings
+cargo test -p uniplane-bench --features rtl --test hw
 echo "==> uniplane-rpc with its tarpc transport (--features tarpc)"
 cargo clippy -p uniplane-rpc --features tarpc --all-targets -- -D warnings
 cargo test -p uniplane-rpc --features tarpc --test tarpc

@@ -29,6 +29,8 @@
 //!   back through a daemon, beside memcpy or the driver's pinned copy.
 //! - [`p2p`]: peer-to-peer transfers between two emulated devices beside
 //!   memcpy of the same sizes.
+//! - `hw` (feature `rtl`): the RTL crossbar's saturation throughput in
+//!   co-simulation, beside the line rate or the head-of-line bound.
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
@@ -47,6 +49,8 @@ pub mod fabric;
 pub mod fabric_shards;
 pub mod gen;
 pub mod hist;
+#[cfg(feature = "rtl")]
+pub mod hw;
 pub mod p2p;
 pub mod pacer;
 pub mod path;

@@ -87,6 +87,10 @@ enum Command {
     /// staged, pipelined) over a sweep of sizes, beside memcpy of the same
     /// sizes between the same memories.
     P2p(P2pArgs),
+    /// The RTL crossbar in co-simulation (a build with `--features rtl`):
+    /// beats per cycle per output with every input backlogged, beside the
+    /// line rate (all-to-one) or the head-of-line bound (uniform).
+    Hw(HwArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -183,6 +187,28 @@ struct DevicesArgs {
     /// Timed rounds of each figure; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
+}
+
+#[derive(Args)]
+struct HwArgs {
+    /// all-to-one (inputs 1..N to port 0) or uniform (every input, random outputs).
+    #[arg(long, default_value = "uniform", value_parser = ["all-to-one", "uniform"])]
+    pattern: String,
+    /// Payload bytes of every message (at most 9000).
+    #[arg(long, default_value_t = 1500)]
+    size: usize,
+    /// The model: 4 or 8 ports.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(4..=8))]
+    ports: u32,
+    /// Measured clock cycles (after 2,000 of warm-up).
+    #[arg(long, default_value_t = 20_000)]
+    cycles: u64,
+    /// Seed of the uniform destinations.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Draw beats per cycle per output beside the reference (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1974,6 +2000,101 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("devices", params, r))
 }
 
+#[cfg(not(feature = "rtl"))]
+fn hw(_: &Cli, _: &HwArgs) -> Result<(), BenchError> {
+    Err(BenchError::Config(
+        "`hw` needs the RTL co-simulation: this uniplane-bench was built without the `rtl` \
+         feature (cargo build --release -p uniplane-bench --features rtl; needs Verilator)"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "rtl")]
+fn hw(cli: &Cli, a: &HwArgs) -> Result<(), BenchError> {
+    use uniplane_bench::hw::{run_hw, HwBench, HwPattern};
+    use uniplane_hw_sim::Model;
+    let model = match a.ports {
+        4 => Model::N4,
+        8 => Model::N8,
+        other => {
+            return Err(BenchError::Config(format!(
+                "--ports {other}: the RTL is built with 4 or 8"
+            )))
+        }
+    };
+    let cfg = HwBench {
+        model,
+        pattern: if a.pattern == "all-to-one" {
+            HwPattern::AllToOne
+        } else {
+            HwPattern::Uniform
+        },
+        size: a.size,
+        cycles: a.cycles,
+        seed: a.seed,
+    };
+    let mut live = Live::new("hw".into(), cli.quiet || cli.json);
+    let r = run_hw(&cfg, &mut live)?;
+    drop(live);
+    let per_output: Vec<f64> = r["beats_per_cycle"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect();
+    println!(
+        "hw {} with {} ports, {} B payloads ({} beats each), {} cycles after {} of warm-up:",
+        a.pattern, a.ports, a.size, r["beats_per_message"], r["cycles"], r["warmup_cycles"]
+    );
+    println!(
+        "  beats per cycle per output: {}",
+        per_output
+            .iter()
+            .map(|b| format!("{b:.3}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let reference = r["reference"]["beats_per_cycle"].as_f64().unwrap_or(0.0);
+    println!(
+        "  mean {:.3}, lowest {:.3} beside {:.3} ({}): ratio {:.3}",
+        r["beats_per_cycle_mean"].as_f64().unwrap_or(0.0),
+        r["beats_per_cycle_min"].as_f64().unwrap_or(0.0),
+        reference,
+        r["reference"]["name"].as_str().unwrap_or("?"),
+        r["ratio"].as_f64().unwrap_or(0.0),
+    );
+    println!(
+        "  {} messages delivered; {:.0} simulated cycles per second",
+        r["messages_delivered"],
+        r["simulated_cycles_per_sec"].as_f64().unwrap_or(0.0)
+    );
+    if let Some(path) = &a.plot {
+        let ours: Vec<(f64, f64)> = per_output
+            .iter()
+            .enumerate()
+            .map(|(o, &b)| (o as f64, b))
+            .collect();
+        let refline: Vec<(f64, f64)> = (0..per_output.len())
+            .map(|o| (o as f64, reference))
+            .collect();
+        let lines = [("RTL crossbar", ours), ("reference", refline)];
+        let title = format!("{} {} B, beats per cycle by output port", a.pattern, a.size);
+        plot::draw(
+            path,
+            &Chart::Points {
+                title: &title,
+                x_label: "output port",
+                y_label: "beats per cycle (1 = line rate)",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
+    let params = json!({ "pattern": a.pattern, "size": a.size, "ports": a.ports,
+        "cycles": a.cycles, "seed": a.seed });
+    emit(cli.json, &Report::new("hw", params, r))
+}
+
 fn p2p(cli: &Cli, a: &P2pArgs) -> Result<(), BenchError> {
     use uniplane_bench::p2p::{parse_mode, parse_model, run_p2p, P2pBench, MAX_P2P_SIZE};
     use uniplane_shm::p2p::TransferMode;
@@ -2113,6 +2234,7 @@ fn main() -> ExitCode {
         Command::Scale(a) => scale(&cli, a),
         Command::Devices(a) => devices(&cli, a),
         Command::P2p(a) => p2p(&cli, a),
+        Command::Hw(a) => hw(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)

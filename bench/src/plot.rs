@@ -49,6 +49,18 @@ pub enum Chart<'a> {
     },
     /// Per size: (payload bytes, Mpps, Mbit/s at L2).
     SizeSweep(&'a [(f64, f64, f64)]),
+    /// Several named lines with markers on linear axes from 0 (a figure
+    /// per port, ours beside a reference).
+    Points {
+        /// The chart's title.
+        title: &'a str,
+        /// The x axis label.
+        x_label: &'a str,
+        /// The y axis label.
+        y_label: &'a str,
+        /// The lines: (x, y) points.
+        lines: &'a [(&'a str, Vec<(f64, f64)>)],
+    },
     /// Cumulative distributions of latency, one named line each (ours and
     /// the peer's): (ns, fraction at or below).
     Cdfs {
@@ -206,6 +218,49 @@ fn render<DB: DrawingBackend>(
                 &RED,
             ))
             .map_err(e)?;
+        }
+        Chart::Points {
+            title,
+            x_label,
+            y_label,
+            lines,
+        } => {
+            let all = || lines.iter().flat_map(|(_, v)| v.iter());
+            if all().next().is_none() {
+                return Err("no points".into());
+            }
+            let x_min = all().map(|p| p.0).fold(f64::MAX, f64::min);
+            let x_max = all().map(|p| p.0).fold(f64::MIN, f64::max);
+            let pad = ((x_max - x_min) * 0.05).max(0.5);
+            let y_max = all().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
+            let mut c = framed(root, title)
+                .build_cartesian_2d(x_min - pad..x_max + pad, 0.0..y_max)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc(x_label)
+                .y_desc(y_label)
+                .draw()
+                .map_err(e)?;
+            for (i, (name, points)) in lines.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                c.draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+                c.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(e)?;
+            }
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
         }
         Chart::Cdfs { what, lines } => {
             let all = || lines.iter().flat_map(|(_, v)| v.iter());
