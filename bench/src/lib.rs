@@ -34,6 +34,9 @@
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
+//! - [`suite`]: the headline rows of the performance issue in one run,
+//!   one JSON file and one SVG summary.
+//!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
 
@@ -67,6 +70,7 @@ pub mod shm_rtt;
 pub mod sizes;
 pub mod stacks;
 pub mod stamp;
+pub mod suite;
 pub mod tunnel;
 
 pub use error::BenchError;

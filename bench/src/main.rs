@@ -91,6 +91,10 @@ enum Command {
     /// beats per cycle per output with every input backlogged, beside the
     /// line rate (all-to-one) or the head-of-line bound (uniform).
     Hw(HwArgs),
+    /// Every headline row of the performance issue, each through its own
+    /// subcommand: ours, the peer, the ratio, the target; one JSON file and
+    /// one SVG summary.
+    Suite(SuiteArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -187,6 +191,33 @@ struct DevicesArgs {
     /// Timed rounds of each figure; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
+}
+
+#[derive(Args)]
+struct SuiteArgs {
+    /// Short measurements (the default seconds become 1): every row in
+    /// well under 3 minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per measurement (default 3, 1 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60))]
+    seconds: Option<u64>,
+    /// Only these rows, comma-separated (see the report for their names).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Where to write the report: OUT.json and OUT.svg.
+    #[arg(long, default_value = "uniplane-suite")]
+    out: PathBuf,
+    /// Print the rows as a Markdown table (the one in docs/benchmarks.md).
+    #[arg(long)]
+    markdown: bool,
+    /// Render the table and the SVG from an earlier report (OUT.json of a
+    /// run) instead of measuring.
+    #[arg(long)]
+    from: Option<PathBuf>,
+    /// Draw the summary here instead of OUT.svg (.svg or .png).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -2000,6 +2031,156 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("devices", params, r))
 }
 
+fn suite(cli: &Cli, a: &SuiteArgs) -> Result<(), BenchError> {
+    use uniplane_bench::suite::{markdown, run_suite, target_text, RowResult, SuiteConfig};
+    let with_ext = |ext: &str| {
+        let mut p = a.out.clone().into_os_string();
+        p.push(format!(".{ext}"));
+        PathBuf::from(p)
+    };
+    let (json_path, svg_path) = (with_ext("json"), a.plot.clone().unwrap_or(with_ext("svg")));
+    let started = std::time::Instant::now();
+    let (report, rows): (Value, Vec<Value>) = if let Some(from) = &a.from {
+        let text = std::fs::read_to_string(from)
+            .map_err(|e| BenchError::Config(format!("--from {}: {e}", from.display())))?;
+        let v: Value = serde_json::from_str(&text)?;
+        let rows = v["results"]["rows"].as_array().cloned().ok_or_else(|| {
+            BenchError::Config(format!("--from {}: no results.rows", from.display()))
+        })?;
+        (v, rows)
+    } else {
+        let seconds = a.seconds.unwrap_or(if a.quick { 1 } else { 3 });
+        let cfg = SuiteConfig {
+            seconds,
+            only: a.only.clone(),
+            exe: std::env::current_exe()
+                .map_err(|e| BenchError::Config(format!("finding this program: {e}")))?,
+        };
+        let quiet = cli.quiet || cli.json;
+        let tty = std::io::stderr().is_terminal();
+        let rows = run_suite(&cfg, |i, n, row| {
+            if !quiet && tty {
+                eprint!("\r{:79}\rsuite [{}/{n}] {}", "", i + 1, row.id);
+                let _ = std::io::stderr().flush();
+            }
+        })?;
+        if !quiet && tty {
+            eprint!("\r{:79}\r", "");
+        }
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?;
+        let params = json!({ "quick": a.quick, "seconds": seconds, "only": a.only });
+        let results = json!({
+            "rows": rows,
+            "seconds": started.elapsed().as_secs_f64(),
+            "ok": rows.iter().filter(|r| r["status"] == "ok").count(),
+            "skipped": rows.iter().filter(|r| r["status"] == "skipped").count(),
+            "failed": rows.iter().filter(|r| r["status"] == "failed").count(),
+        });
+        let v = serde_json::to_value(Report::new("suite", params, results))?;
+        std::fs::write(&json_path, format!("{v}\n"))
+            .map_err(|e| BenchError::Config(format!("writing {}: {e}", json_path.display())))?;
+        (v, rows)
+    };
+    let typed: Vec<RowResult> = rows.iter().filter_map(row_result).collect();
+    for r in &typed {
+        let figures = match r.status {
+            "ok" => format!(
+                "ours {} {}{}  ratio {}  target {} {}",
+                r.ours.map_or("-".into(), |x| format!("{x:.3}")),
+                r.unit,
+                match (r.peer, r.peer_name) {
+                    (Some(p), Some(n)) => format!("  peer {p:.3} {} ({n})", r.unit),
+                    _ => String::new(),
+                },
+                r.ratio.map_or("-".into(), |x| format!("{x:.2}")),
+                target_text(r),
+                match r.target_met {
+                    Some(true) => "met",
+                    Some(false) => "NOT met",
+                    None => "",
+                }
+            ),
+            other => format!("{other}: {}", r.reason.as_deref().unwrap_or("")),
+        };
+        println!("{:<24} {figures}", r.id);
+    }
+    let bars: Vec<(String, f64, Option<bool>)> = typed
+        .iter()
+        .filter_map(|r| {
+            let ratio = r.ratio?;
+            let vs = match (r.peer, r.peer_name) {
+                (Some(p), Some(n)) => format!("{p:.3} {} ({n})", r.unit),
+                _ => format!("target {}", target_text(r)),
+            };
+            Some((
+                format!(
+                    "{}: ours {:.3} {} vs {vs}: {ratio:.2}×",
+                    r.id, r.ours?, r.unit
+                ),
+                ratio,
+                r.target_met,
+            ))
+        })
+        .collect();
+    if !bars.is_empty() {
+        plot::draw(
+            &svg_path,
+            &Chart::Ratios {
+                title: "uniplane-bench suite: ours ÷ peer per row",
+                rows: &bars,
+            },
+        )?;
+    }
+    if a.from.is_none() {
+        println!("  report: {}", json_path.display());
+    }
+    if !bars.is_empty() {
+        println!("  summary: {}", svg_path.display());
+    }
+    if a.markdown {
+        print!("{}", markdown(&typed));
+    }
+    if cli.json {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+/// A row of a suite report read back (from this run or an earlier one).
+fn row_result(v: &Value) -> Option<uniplane_bench::suite::RowResult> {
+    use uniplane_bench::suite::{rows, RowResult};
+    let def = rows().into_iter().find(|r| v["id"] == r.id)?;
+    let status = match v["status"].as_str()? {
+        "ok" => "ok",
+        "skipped" => "skipped",
+        _ => "failed",
+    };
+    Some(RowResult {
+        id: def.id,
+        what: def.what,
+        command: v["command"].as_str()?.to_owned(),
+        status,
+        reason: v["reason"].as_str().map(str::to_owned),
+        ours: v["ours"].as_f64(),
+        peer: v["peer"].as_f64(),
+        peer_name: def.peer.map(|p| p.1),
+        ratio: v["ratio"].as_f64(),
+        ratio_of: match v["ratio_of"].as_str() {
+            Some("peer") => Some("peer"),
+            Some("target") => Some("target"),
+            _ => None,
+        },
+        unit: def.unit,
+        higher_is_better: def.higher_is_better,
+        target: def.target,
+        target_met: v["target_met"].as_bool(),
+        seconds: v["seconds"].as_f64().unwrap_or(0.0),
+    })
+}
+
 #[cfg(not(feature = "rtl"))]
 fn hw(_: &Cli, _: &HwArgs) -> Result<(), BenchError> {
     Err(BenchError::Config(
@@ -2235,6 +2416,7 @@ fn main() -> ExitCode {
         Command::Devices(a) => devices(&cli, a),
         Command::P2p(a) => p2p(&cli, a),
         Command::Hw(a) => hw(&cli, a),
+        Command::Suite(a) => suite(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)

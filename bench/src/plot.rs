@@ -61,6 +61,15 @@ pub enum Chart<'a> {
         /// The lines: (x, y) points.
         lines: &'a [(&'a str, Vec<(f64, f64)>)],
     },
+    /// One horizontal bar per row: ours ÷ the peer (1 is the peer's
+    /// figure), labelled with both figures; green where the row meets its
+    /// target, red where it does not, grey without one.
+    Ratios {
+        /// The chart's title.
+        title: &'a str,
+        /// The rows: (label with both figures, ratio, target met).
+        rows: &'a [(String, f64, Option<bool>)],
+    },
     /// Cumulative distributions of latency, one named line each (ours and
     /// the peer's): (ns, fraction at or below).
     Cdfs {
@@ -261,6 +270,46 @@ fn render<DB: DrawingBackend>(
                 .border_style(BLACK)
                 .draw()
                 .map_err(e)?;
+        }
+        Chart::Ratios { title, rows } => {
+            if rows.is_empty() {
+                return Err("no rows".into());
+            }
+            let n = rows.len() as f64;
+            let x_max = rows.iter().map(|r| r.1).fold(1.0, f64::max) * 1.6;
+            let mut c = framed(root, title)
+                .build_cartesian_2d(0.0..x_max, 0.0..n)
+                .map_err(e)?;
+            c.configure_mesh()
+                .disable_y_mesh()
+                .y_labels(0)
+                .x_desc("ours ÷ peer (÷ target where a row has no peer); 1 = the peer")
+                .draw()
+                .map_err(e)?;
+            for (i, (label, ratio, met)) in rows.iter().enumerate() {
+                let y = n - i as f64 - 1.0;
+                let color = match met {
+                    Some(true) => GREEN.mix(0.6),
+                    Some(false) => RED.mix(0.6),
+                    None => BLACK.mix(0.3),
+                };
+                c.draw_series(std::iter::once(Rectangle::new(
+                    [(0.0, y + 0.15), (ratio.max(0.0), y + 0.55)],
+                    color.filled(),
+                )))
+                .map_err(e)?;
+                c.draw_series(std::iter::once(Text::new(
+                    label.clone(),
+                    (x_max * 0.01, y + 0.9),
+                    (FONT, 13).into_font(),
+                )))
+                .map_err(e)?;
+            }
+            c.draw_series(LineSeries::new(
+                [(1.0, 0.0), (1.0, n)],
+                BLACK.stroke_width(1),
+            ))
+            .map_err(e)?;
         }
         Chart::Cdfs { what, lines } => {
             let all = || lines.iter().flat_map(|(_, v)| v.iter());
