@@ -46,6 +46,8 @@ pub mod args;
 pub mod clock;
 pub mod collectives;
 pub mod devices;
+#[cfg(feature = "dpdk")]
+pub mod dpdk_tx;
 pub mod engine;
 mod error;
 pub mod fabric;

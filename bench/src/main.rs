@@ -600,6 +600,9 @@ enum Tool {
     Iperf3Tcp,
     /// sockperf ping-pong over UDP: median round trip (use with --stack udp-unpacked or udp).
     Sockperf,
+    /// dpdk-testpmd txonly on DPDK net_null ports: frames sent per second
+    /// (use with --stack dpdk, in a build with --features dpdk).
+    Testpmd,
 }
 
 #[derive(Args)]
@@ -1235,6 +1238,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         Tool::Iperf3 => Box::new(Iperf3Udp::default()),
         Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
         Tool::Sockperf => Box::new(peer::Sockperf::default()),
+        Tool::Testpmd => Box::new(peer::Testpmd::default()),
     };
     if a.busy_poll && !matches!(a.tool, Tool::Sockperf) {
         return Err(BenchError::Config(
@@ -1247,18 +1251,12 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         busy_poll: a.busy_poll,
     };
     let stack_name = a.stack.clone();
+    if let Some(frame_tool) = frame_peer(a)? {
+        return frame_tool(cli, a, &w);
+    }
     open_stack(&stack_name)?;
     let (like_for_like, note) = transport_note(&stack_name, &*tool);
-    println!(
-        "peer: {} vs uniplane over `{stack_name}`, {} B payloads, {} s per measurement, {} rounds each (A B A B)",
-        tool.tool(),
-        w.size,
-        w.seconds,
-        a.rounds.max(1)
-    );
-    println!("  note: {note}");
     let metric = tool.metric();
-    let quiet = cli.quiet;
     let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
         let at = default_endpoints(&stack_name)?;
         match metric {
@@ -1300,17 +1298,102 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
             }
         }
     };
+    compare_and_report(cli, a, &*tool, &w, (like_for_like, note), &mut ours)
+}
+
+/// The runner of a frame-layer comparison (`--tool testpmd` or
+/// `--tool trafgen`), after checking the stack it needs.
+type FramePeer = fn(&Cli, &PeerArgs, &Workload) -> Result<(), BenchError>;
+
+fn frame_peer(a: &PeerArgs) -> Result<Option<FramePeer>, BenchError> {
+    let (stack, run): (&str, FramePeer) = match a.tool {
+        Tool::Testpmd => ("dpdk", peer_testpmd),
+        _ => return Ok(None),
+    };
+    if a.stack != stack {
+        return Err(BenchError::Config(format!(
+            "--tool {} compares frames sent: use it with --stack {stack}",
+            if stack == "dpdk" {
+                "testpmd"
+            } else {
+                "trafgen"
+            }
+        )));
+    }
+    Ok(Some(run))
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn peer_testpmd(_: &Cli, _: &PeerArgs, _: &Workload) -> Result<(), BenchError> {
+    Err(BenchError::Config(
+        "`peer --tool testpmd --stack dpdk` needs DPDK: this uniplane-bench was built without \
+         the `dpdk` feature (cargo build --release -p uniplane-bench --features dpdk; needs \
+         libdpdk-dev and libclang-dev)"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "dpdk")]
+fn peer_testpmd(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    use uniplane_bench::dpdk_tx::NullPort;
+    let tool = peer::Testpmd::default();
+    let note = format!(
+        "both sides transmit {}-byte frames on DPDK net_null ports (no hardware, no hugepages) \
+         from one core: ours through the frame layer on DPDK (uniplane-dpdk), the peer {}",
+        w.size.clamp(64, 1514),
+        tool.transport()
+    );
+    let mut port: Option<NullPort> = None;
+    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
+        let p = match &mut port {
+            Some(p) => p,
+            None => port.insert(NullPort::open()?),
+        };
+        let (pps, frames) = p.transmit(w.size, w.seconds as f64)?;
+        Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
+    };
+    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
+}
+
+/// Runs our side and `tool` alternately and prints and reports the
+/// comparison (the second half of every `peer` run).
+fn compare_and_report(
+    cli: &Cli,
+    a: &PeerArgs,
+    tool: &dyn Peer,
+    w: &Workload,
+    (like_for_like, note): (bool, String),
+    ours: &mut peer::OurSide<'_>,
+) -> Result<(), BenchError> {
+    let stack_name = a.stack.clone();
+    let metric = tool.metric();
+    let quiet = cli.quiet;
+    println!(
+        "peer: {} vs uniplane over `{stack_name}`, {} B payloads, {} s per measurement, {} rounds each (A B A B)",
+        tool.tool(),
+        w.size,
+        w.seconds,
+        a.rounds.max(1)
+    );
+    println!("  note: {note}");
+    // Frame-layer peers count frames transmitted; the others what arrived.
+    let verb = if matches!(a.tool, Tool::Testpmd) {
+        "sent"
+    } else {
+        "received"
+    };
     let unit = |v: f64| match metric {
         peer::Metric::Pps => format!("{:.3} Mpps", v / 1e6),
         peer::Metric::RttP50Ns => ns(v),
         peer::Metric::Gbps => format!("{v:.2} Gbit/s"),
     };
-    let c = peer::compare(&*tool, &w, a.rounds, &mut ours, |r: &Round| {
+    let c = peer::compare(tool, w, a.rounds, ours, |r: &Round| {
         if !quiet {
             let sent = r
                 .detail
                 .get("tx_pps")
                 .and_then(Value::as_f64)
+                .filter(|_| verb == "received")
                 .map(|tx| format!("  (sent {})", unit(tx)))
                 .unwrap_or_default();
             let side = if r.side == "ours" {
@@ -1319,7 +1402,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
                 tool.tool()
             };
             println!(
-                "  round {} {side:<6} {} received{sent}",
+                "  round {} {side:<6} {} {verb}{sent}",
                 r.order + 1,
                 unit(r.value)
             );
@@ -1341,7 +1424,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         "rounds": a.rounds.max(1),
         "busy_poll": a.busy_poll,
         "order": "ours, peer, ours, peer, …",
-        "peer_commands": tool.commands(&w),
+        "peer_commands": tool.commands(w),
     });
     let results = json!({
         "metric": c.metric,

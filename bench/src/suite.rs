@@ -435,6 +435,10 @@ fn figures(
     }
 }
 
+/// A command's report, its CPU share of a core and its seconds; or why
+/// it failed.
+type Outcome = Result<(Value, f64, f64), String>;
+
 /// Runs the suite; `progress` hears of each row as it starts.
 pub fn run_suite(
     cfg: &SuiteConfig,
@@ -454,7 +458,7 @@ pub fn run_suite(
         .iter()
         .filter(|r| cfg.only.is_empty() || cfg.only.iter().any(|o| o == r.id))
         .collect();
-    let mut cache: HashMap<Vec<String>, Result<(Value, f64, f64), String>> = HashMap::new();
+    let mut cache: HashMap<Vec<String>, Outcome> = HashMap::new();
     let mut out = Vec::with_capacity(chosen.len());
     for (i, row) in chosen.iter().enumerate() {
         progress(i, chosen.len(), row);

@@ -138,3 +138,58 @@ fn busy_polling_is_refused_for_throughput_peers() {
         "--tool sockperf",
     );
 }
+
+#[cfg(feature = "dpdk")]
+#[test]
+fn testpmd_and_our_dpdk_transmit_side_by_side() {
+    if !tool_available("dpdk-testpmd", "dpdk-dev") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: DPDK's EAL needs root here");
+        return;
+    }
+    let v = last_json(&bench(&[
+        "peer",
+        "--tool",
+        "testpmd",
+        "--stack",
+        "dpdk",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "results.metric"), "pps");
+    assert_eq!(string(&v, "results.peer_tool"), "dpdk-testpmd");
+    assert_eq!(at(&v, "results.like_for_like").as_bool(), Some(true));
+    let ours = number(&v, "results.ours");
+    let peer = number(&v, "results.peer");
+    assert!(ours > 0.0 && peer > 0.0, "{ours} {peer}");
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    // testpmd's per-second samples, start-up left out.
+    assert!(!rounds[1]["detail"]["tx_pps_samples"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(rounds[0]["detail"]["frames"].as_u64().unwrap() > 0);
+}
+
+#[cfg(not(feature = "dpdk"))]
+#[test]
+fn testpmd_without_the_dpdk_feature_says_how_to_get_it() {
+    fails_with(
+        &["peer", "--tool", "testpmd", "--stack", "dpdk"],
+        "built without the `dpdk` feature",
+    );
+}
+
+#[test]
+fn testpmd_needs_the_dpdk_stack() {
+    fails_with(
+        &["peer", "--tool", "testpmd", "--stack", "udp"],
+        "use it with --stack dpdk",
+    );
+}
