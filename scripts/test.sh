@@ -18,6 +18,7 @@ NEEDS=(
   "yosys:yosys"
   "iperf3:iperf3"
   "sockperf:sockperf"
+  "trafgen:netsniff-ng"
   "fc-list:fontconfig"
   "protoc:protobuf-compiler"
   "etcd:etcd-server"
@@ -88,6 +89,8 @@ echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepage
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
 cargo test -p uniplane-dpdk --features dpdk
+cargo clippy -p uniplane-bench --features dpdk --all-targets -- -D warnings
+cargo test -p uniplane-bench --features dpdk --test peer
 echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
 cargo clippy -p uniplane-services --features dpdk --all-targets -- -D warnings
 cargo test -p uniplane-services --features dpdk --test dpdk_tunnel

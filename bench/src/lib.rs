@@ -50,6 +50,7 @@ pub mod devices;
 pub mod dpdk_tx;
 pub mod engine;
 mod error;
+pub mod ether_tx;
 pub mod fabric;
 pub mod fabric_shards;
 pub mod gen;

@@ -603,6 +603,9 @@ enum Tool {
     /// dpdk-testpmd txonly on DPDK net_null ports: frames sent per second
     /// (use with --stack dpdk, in a build with --features dpdk).
     Testpmd,
+    /// netsniff-ng's trafgen on a veth between two namespaces: frames sent
+    /// per second (use with --stack ether; root).
+    Trafgen,
 }
 
 #[derive(Args)]
@@ -1234,12 +1237,6 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
 }
 
 fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
-    let tool: Box<dyn Peer> = match a.tool {
-        Tool::Iperf3 => Box::new(Iperf3Udp::default()),
-        Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
-        Tool::Sockperf => Box::new(peer::Sockperf::default()),
-        Tool::Testpmd => Box::new(peer::Testpmd::default()),
-    };
     if a.busy_poll && !matches!(a.tool, Tool::Sockperf) {
         return Err(BenchError::Config(
             "--busy-poll compares round trips: use it with --tool sockperf".into(),
@@ -1250,10 +1247,14 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         seconds: a.seconds.max(1),
         busy_poll: a.busy_poll,
     };
+    // Frame-layer peers run on what they set up themselves (a veth, an EAL).
+    let tool: Box<dyn Peer> = match a.tool {
+        Tool::Iperf3 => Box::new(Iperf3Udp::default()),
+        Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
+        Tool::Sockperf => Box::new(peer::Sockperf::default()),
+        Tool::Testpmd | Tool::Trafgen => return frame_peer(a)?(cli, a, &w),
+    };
     let stack_name = a.stack.clone();
-    if let Some(frame_tool) = frame_peer(a)? {
-        return frame_tool(cli, a, &w);
-    }
     open_stack(&stack_name)?;
     let (like_for_like, note) = transport_note(&stack_name, &*tool);
     let metric = tool.metric();
@@ -1305,22 +1306,43 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
 /// `--tool trafgen`), after checking the stack it needs.
 type FramePeer = fn(&Cli, &PeerArgs, &Workload) -> Result<(), BenchError>;
 
-fn frame_peer(a: &PeerArgs) -> Result<Option<FramePeer>, BenchError> {
-    let (stack, run): (&str, FramePeer) = match a.tool {
-        Tool::Testpmd => ("dpdk", peer_testpmd),
-        _ => return Ok(None),
+fn frame_peer(a: &PeerArgs) -> Result<FramePeer, BenchError> {
+    let (name, stack, run): (&str, &str, FramePeer) = match a.tool {
+        Tool::Trafgen => ("trafgen", "ether", peer_trafgen),
+        _ => ("testpmd", "dpdk", peer_testpmd),
     };
     if a.stack != stack {
         return Err(BenchError::Config(format!(
-            "--tool {} compares frames sent: use it with --stack {stack}",
-            if stack == "dpdk" {
-                "testpmd"
-            } else {
-                "trafgen"
-            }
+            "--tool {name} compares frames sent: use it with --stack {stack}"
         )));
     }
-    Ok(Some(run))
+    Ok(run)
+}
+
+fn peer_trafgen(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    use uniplane_bench::ether_tx::{frame_len, Trafgen, Veth};
+    if peer::find_tool("trafgen").is_none() {
+        return Err(peer::PeerError::Missing {
+            tool: "trafgen",
+            package: "netsniff-ng",
+        }
+        .into());
+    }
+    let veth = Veth::new()?;
+    let tool = Trafgen::new(&veth);
+    let len = frame_len(w.size);
+    let note = format!(
+        "both sides send {len}-byte broadcast frames ({} on the wire with the FCS) on one end of a \
+         veth between two namespaces, from CPU 0: ours through the frame layer's AF_PACKET \
+         transmit ring, timed by wall clock; trafgen through its own, its figure its count over \
+         its worker's time",
+        len + 4
+    );
+    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
+        let (pps, frames) = veth.raw_tx(len, w.seconds as f64)?;
+        Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
+    };
+    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
 }
 
 #[cfg(not(feature = "dpdk"))]
@@ -1377,7 +1399,7 @@ fn compare_and_report(
     );
     println!("  note: {note}");
     // Frame-layer peers count frames transmitted; the others what arrived.
-    let verb = if matches!(a.tool, Tool::Testpmd) {
+    let verb = if matches!(a.tool, Tool::Testpmd | Tool::Trafgen) {
         "sent"
     } else {
         "received"

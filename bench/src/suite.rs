@@ -229,8 +229,8 @@ pub fn rows() -> Vec<Row> {
         },
         Row {
             id: "ether-tx",
-            what: "raw Ethernet TX 64 B frames on a veth vs trafgen",
-            args: "peer --tool trafgen --stack ether --size 64 --seconds {S} --rounds 1",
+            what: "raw Ethernet TX, 60 B frames (64 on the wire), on a veth vs trafgen",
+            args: "peer --tool trafgen --stack ether --size 60 --seconds {S} --rounds 1",
             needs: &[Need::Tool("trafgen", "netsniff-ng"), Need::Root],
             ours: "/results/ours",
             peer: Some(("/results/peer", "trafgen")),

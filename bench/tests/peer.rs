@@ -193,3 +193,45 @@ fn testpmd_needs_the_dpdk_stack() {
         "use it with --stack dpdk",
     );
 }
+
+#[test]
+fn trafgen_and_our_raw_ethernet_transmit_side_by_side() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !uniplane_netns::available() {
+        eprintln!("skipping: namespaces and a veth need root");
+        return;
+    }
+    if !tool_available("trafgen", "netsniff-ng") {
+        return;
+    }
+    let v = last_json(&bench(&[
+        "peer",
+        "--tool",
+        "trafgen",
+        "--stack",
+        "ether",
+        "--size",
+        "60",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "results.metric"), "pps");
+    assert_eq!(string(&v, "results.peer_tool"), "trafgen");
+    let ours = number(&v, "results.ours");
+    let peer = number(&v, "results.peer");
+    assert!(ours > 0.0 && peer > 0.0, "{ours} {peer}");
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    assert!(rounds[0]["detail"]["frames"].as_u64().unwrap() > 0);
+    assert!(rounds[1]["detail"]["packets"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn trafgen_needs_the_ether_stack() {
+    fails_with(
+        &["peer", "--tool", "trafgen", "--stack", "udp"],
+        "use it with --stack ether",
+    );
+}
