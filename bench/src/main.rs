@@ -443,7 +443,7 @@ struct ShareArgs {
 
 #[derive(Args)]
 struct Where {
-    /// Stack, by name: mem, udp, udp-unpacked, tcp, ltl, ether, …
+    /// Stack, by name: mem, udp, udp-unpacked, udp-uring, udp-unpacked-uring, tcp, ltl, ether, …
     #[arg(long, default_value = "mem")]
     stack: String,
     /// Where the receiving side listens (default: a fresh name for mem, a
@@ -1189,8 +1189,20 @@ fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
 
 /// What the comparison's reader must know about the two transports.
 fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
+    let (like, note) = transport_note_epoll(stack, tool);
+    if stack.ends_with("-uring") {
+        let note = note.replace(
+            "(sendmmsg/GSO, recvmmsg/GRO)",
+            "(through an io_uring ring per socket, without GSO)",
+        );
+        return (like, format!("{note}; ours on the io_uring backend"));
+    }
+    (like, note)
+}
+
+fn transport_note_epoll(stack: &str, tool: &dyn Peer) -> (bool, String) {
     match stack {
-        "udp-unpacked" => (
+        "udp-unpacked" | "udp-unpacked-uring" => (
             true,
             format!(
                 "both sides move each payload as one UDP datagram over 127.0.0.1 ({}); ours adds the \
@@ -1210,7 +1222,7 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
         ),
         // One request in flight: a packing link has one message to put in
         // each datagram, as the unpacked one does.
-        "udp" if tool.metric() == peer::Metric::RttP50Ns => (
+        "udp" | "udp-uring" if tool.metric() == peer::Metric::RttP50Ns => (
             true,
             format!(
                 "both sides move each payload as one UDP datagram over 127.0.0.1 ({}): with one \
@@ -1219,7 +1231,7 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
                 tool.transport()
             ),
         ),
-        "udp" => (
+        "udp" | "udp-uring" => (
             false,
             "ours packs many messages into each UDP datagram while the peer sends one payload per \
              datagram: same transport, different framing; use --stack udp-unpacked for one message per datagram"
