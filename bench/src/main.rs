@@ -629,6 +629,9 @@ struct PeerArgs {
     /// with non-blocking sockets, ours busy-polling.
     #[arg(long)]
     busy_poll: bool,
+    /// Draw each round's figure, ours beside the peer's (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// Per-second lines on stdout, a progress indicator on a terminal's stderr.
@@ -706,6 +709,56 @@ impl Observer for Live {
 impl Drop for Live {
     fn drop(&mut self) {
         self.clear();
+    }
+}
+
+/// Progress on a terminal's stderr for a benchmark without progress of
+/// its own: its name and the seconds so far (against the planned seconds
+/// when known), redrawn every 200 ms from a thread until dropped; nothing
+/// with `--json`, `--quiet` or without a terminal.
+struct Ticker {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(cli: &Cli, label: &str, planned_s: Option<f64>) -> Ticker {
+        if cli.quiet || cli.json || !std::io::stderr().is_terminal() {
+            return Ticker {
+                stop: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let label = label.to_owned();
+        let thread = std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let spin = ['|', '/', '-', '\\'];
+            let mut i = 0;
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(Duration::from_millis(200))
+            {
+                let t = start.elapsed().as_secs_f64();
+                let of = planned_s.map_or(String::new(), |p| format!(" of ~{p:.0} s"));
+                eprint!("\r{label} {} {t:.1} s{of}   ", spin[i % spin.len()]);
+                let _ = std::io::stderr().flush();
+                i += 1;
+            }
+            eprint!("\r{:79}\r", "");
+        });
+        Ticker {
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -1401,7 +1454,7 @@ fn compare_and_report(
 ) -> Result<(), BenchError> {
     let stack_name = a.stack.clone();
     let metric = tool.metric();
-    let quiet = cli.quiet;
+    let quiet = cli.quiet || cli.json;
     println!(
         "peer: {} vs uniplane over `{stack_name}`, {} B payloads, {} s per measurement, {} rounds each (A B A B)",
         tool.tool(),
@@ -1450,6 +1503,38 @@ fn compare_and_report(
         unit(c.peer),
         c.ratio
     );
+    if let Some(path) = &a.plot {
+        let (scale, y_label) = match metric {
+            peer::Metric::Pps => (1e-6, "Mpps"),
+            peer::Metric::RttP50Ns => (1e-3, "round trip p50, µs"),
+            peer::Metric::Gbps => (1.0, "Gbit/s of payload"),
+        };
+        let side = |which: &str| -> Vec<(f64, f64)> {
+            c.rounds
+                .iter()
+                .filter(|r| r.side == which)
+                .enumerate()
+                .map(|(i, r)| ((i + 1) as f64, r.value * scale))
+                .collect()
+        };
+        let peer_label = format!("{} (peer)", tool.tool());
+        let ours_label = format!("uniplane over {stack_name}");
+        let lines = [
+            (ours_label.as_str(), side("ours")),
+            (peer_label.as_str(), side("peer")),
+        ];
+        let title = format!("{} per round: ours ÷ peer = {:.2}", c.metric, c.ratio);
+        plot::draw(
+            path,
+            &Chart::Points {
+                title: &title,
+                x_label: "round (ours, then the peer, alternating)",
+                y_label,
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
     let params = json!({
         "tool": tool.tool(),
         "stack": stack_name,
@@ -1484,7 +1569,9 @@ fn scale(cli: &Cli, a: &ScaleArgs) -> Result<(), BenchError> {
         sizes: a.sizes.clone(),
         seconds: a.seconds,
     };
+    let ticker = Ticker::start(cli, "scale", None);
     let results = run_scale(&cfg)?;
+    drop(ticker);
     for (sweep, key) in [
         ("ports", "ports"),
         ("connections", "connections"),
@@ -1562,7 +1649,9 @@ fn fabric_sharded(
         burst: a.burst,
         voq_depth: a.voq_depth,
     };
+    let ticker = Ticker::start(cli, "fabric", None);
     let results = run_sharded(&cfg)?;
+    drop(ticker);
     println!(
         "fabric {} {}×{} B on {} shards ({} source, {} cores): {:.2} M msgs/s end to end ({:.2} GB/s)",
         a.pattern,
@@ -1593,7 +1682,9 @@ fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
     if let Some(shards) = a.shards {
         return fabric_sharded(cli, a, matrix, shards);
     }
+    let ticker = Ticker::start(cli, "fabric", None);
     let results = run_fabric(a.ports, matrix, a.size, a.seconds)?;
+    drop(ticker);
     println!(
         "fabric {} {}×{} B: {:.2} M msgs/s on the engine core ({:.2} GB/s), end to end {:.2} M msgs/s; bare SPSC ring {:.2} M msgs/s; memcpy {:.1} GB/s; latency p50 {} ns p99 {} ns",
         a.pattern,
@@ -1613,7 +1704,9 @@ fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
 }
 
 fn overhead(cli: &Cli, a: &OverheadArgs) -> Result<(), BenchError> {
+    let ticker = Ticker::start(cli, "overhead", None);
     let results = uniplane_bench::fabric::run_overhead(a.size, a.count)?;
+    drop(ticker);
     let f = |path: &str, q: &str| results[path][q].as_f64().unwrap_or(0.0);
     println!(
         "overhead {} B: the overlay adds p50 {:.0} ns, p99 {:.0} ns per traversal inline; through the engine's thread p50 {:.0} ns, p99 {:.0} ns (round trips p50: without {} ns, inline {} ns, engine thread {} ns)",
@@ -1651,7 +1744,9 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
         rate_bps: (gbps * 1e9) as u64,
         interval_ms: a.interval_ms,
     };
+    let ticker = Ticker::start(cli, "share", Some(4.0 * a.phase_ms as f64 / 1000.0));
     let r = run_share(&opts)?;
+    drop(ticker);
     share_phases(a, &r.results, &r.series)?;
     println!(
         "max_share_error {:.3}, jain_min {:.3}, utilization_min {:.3}, settle_ms_max {}",
@@ -1703,7 +1798,9 @@ fn share_through_daemons(cli: &Cli, a: &ShareArgs, weights: Vec<u32>) -> Result<
         stack,
         uniplaned: a.uniplaned.clone(),
     };
+    let ticker = Ticker::start(cli, "share", None);
     let r = run_share_through_daemons(&opts)?;
+    drop(ticker);
     share_phases(a, &r.results, &r.series)?;
     println!(
         "through daemons over {}: max_share_error {:.3}, utilization {:.3}, settle_ms {:.1} after the live change (its requests took {:.1} ms)",
@@ -1735,7 +1832,9 @@ fn path(cli: &Cli, a: &PathArgs) -> Result<(), BenchError> {
         uniplaned: a.uniplaned.clone(),
         ping_count: a.ping_count,
     };
+    let ticker = Ticker::start(cli, "path", None);
     let r = run_path(&cfg)?;
+    drop(ticker);
     let ns = |v: &Value| {
         v.as_f64()
             .map_or("-".to_string(), |x| format!("{:.2}", x / 1000.0))
@@ -1774,7 +1873,9 @@ fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
         warmup,
         uniplaned: a.uniplaned.clone(),
     };
+    let ticker = Ticker::start(cli, "tunnel", Some(2.0 * (a.seconds + a.warmup)));
     let r = run_tunnel(&cfg)?;
+    drop(ticker);
     let peer = peer_name(stack);
     let (t, lost) = (&r.tunnel, r.lost());
     let note = r.note();
@@ -1878,7 +1979,9 @@ fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
         },
         uniplaned: a.uniplaned.clone(),
     };
+    let ticker = Ticker::start(cli, "rpc", None);
     let r = run_rpc(&cfg)?;
+    drop(ticker);
     let us = |v: &Value| {
         v.as_f64()
             .map_or("-".to_string(), |x| format!("{:.1}", x / 1000.0))
@@ -1932,7 +2035,9 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         eager_threshold: a.eager,
         stack: a.stack.clone(),
     };
+    let ticker = Ticker::start(cli, "collectives", None);
     let r = run_collectives(&cfg)?;
+    drop(ticker);
     let us = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
     println!(
         "{} with {} ranks over {}, wait {} (avg µs over ranks; CPU µs per op, all ranks):",
@@ -2013,7 +2118,9 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
         uniplaned: a.uniplaned.clone(),
         openshmem: !a.no_openshmem,
     };
+    let ticker = Ticker::start(cli, "pgas", None);
     let r = run_pgas(&cfg)?;
+    drop(ticker);
     println!(
         "pgas {} over {}, wait {} (median µs):",
         a.op, a.stack, a.wait
@@ -2063,7 +2170,9 @@ fn devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
         gpu: a.gpu,
         rounds: a.rounds as usize,
     };
+    let ticker = Ticker::start(cli, "devices", None);
     let r = run_devices(&cfg)?;
+    drop(ticker);
     let f = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
     println!(
         "devices: {} bytes of {} memory through the daemon (GB/s, median of {}):",
@@ -2116,7 +2225,9 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
         wait,
         count: a.count.max(1),
     };
+    let ticker = Ticker::start(cli, "devices", None);
     let r = run_kernel_rtt(&cfg)?;
+    drop(ticker);
     println!(
         "devices: {size}-byte round trips to an echo kernel (emulated, wait {}), path {}:",
         a.wait,

@@ -63,6 +63,7 @@ fn the_peer_command_reports_both_sides_and_the_ratio() {
     if !tool_available("iperf3", "iperf3") {
         return;
     }
+    let svg = std::env::temp_dir().join(format!("uniplane-bench-peer-{}.svg", std::process::id()));
     let out = bench(&[
         "peer",
         "--tool",
@@ -73,9 +74,15 @@ fn the_peer_command_reports_both_sides_and_the_ratio() {
         "1",
         "--rounds",
         "1",
+        "--plot",
+        svg.to_str().unwrap(),
         "--json",
     ]);
     let v = last_json(&out);
+    // The plot has both lines, the peer's beside ours.
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(plot.contains("iperf3 (peer)") && plot.contains("uniplane over mem"));
     assert_eq!(string(&v, "bench"), "peer");
     check_machine(&v);
     assert_eq!(string(&v, "results.metric"), "pps");
