@@ -341,7 +341,7 @@ pub fn unmet(row: &Row) -> Option<String> {
 }
 
 fn command_line(row: &Row, seconds: u64) -> Vec<String> {
-    let n = (seconds * 20_000).to_string();
+    let n = (seconds * 10_000).to_string();
     row.args
         .split_whitespace()
         .map(|a| a.replace("{S}", &seconds.to_string()).replace("{N}", &n))

@@ -71,11 +71,14 @@ fn a_quick_suite_reports_every_row_with_ours_the_peer_and_the_ratio() {
         );
         match status {
             "ok" => {
-                assert!(r["ours"].as_f64().unwrap() > 0.0, "{r}");
+                // A figure may be 0 or below (the overhead's added latency
+                // is a difference of percentiles), never missing.
+                assert!(r["ours"].as_f64().unwrap().is_finite(), "{r}");
                 if !r["peer_name"].is_null() {
                     assert!(r["peer"].as_f64().unwrap() > 0.0, "{r}");
                 }
-                assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(r["ratio"].as_f64().unwrap().is_finite(), "{r}");
+                assert!(r["target_met"].is_boolean() || r["target"].is_null(), "{r}");
             }
             "skipped" => {
                 assert!(!must_run.contains(&id), "{id} skipped: {r}");
