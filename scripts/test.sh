@@ -18,6 +18,7 @@ NEEDS=(
   "yosys:yosys"
   "iperf3:iperf3"
   "sockperf:sockperf"
+  "trafgen:netsniff-ng"
   "fc-list:fontconfig"
   "protoc:protobuf-compiler"
   "etcd:etcd-server"
@@ -80,6 +81,9 @@ cargo test --workspace --doc
 echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
 cargo clippy -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl --all-targets -- -D warnings
 cargo test -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl
+echo "==> the RTL crossbar in uniplane-bench (hw, --features rtl)"
+cargo clippy -p uniplane-bench --features rtl --all-targets -- -D warnings
+cargo test -p uniplane-bench --features rtl --test hw
 echo "==> uniplane-rpc with its tarpc transport (--features tarpc)"
 cargo clippy -p uniplane-rpc --features tarpc --all-targets -- -D warnings
 cargo test -p uniplane-rpc --features tarpc --test tarpc
@@ -87,6 +91,8 @@ echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepage
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
 cargo test -p uniplane-dpdk --features dpdk
+cargo clippy -p uniplane-bench --features dpdk --all-targets -- -D warnings
+cargo test -p uniplane-bench --features dpdk --test peer
 echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
 cargo clippy -p uniplane-services --features dpdk --all-targets -- -D warnings
 cargo test -p uniplane-services --features dpdk --test dpdk_tunnel

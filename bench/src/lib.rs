@@ -10,7 +10,8 @@
 //!   rates and patterns ([`args`], [`pacer`]), flows, warm-up; a stamp in
 //!   each payload ([`stamp`]) gives one-way latency into an HDR histogram
 //!   ([`hist`]) and loss and reordering by sequence number.
-//! - [`rtt`]: closed-loop ping-pong against an echo side.
+//! - [`rtt`]: closed-loop ping-pong against an echo side; [`shm_rtt`]:
+//!   round trips over the PIO mailbox or the DMA ring beside a Unix socket.
 //! - [`peer`]: real tools (iperf3, …) on the same workload in the same run,
 //!   alternating with ours, and the ratio.
 //! - [`plot`]: charts of a run as SVG or PNG.
@@ -26,8 +27,15 @@
 //!   over TCP loopback.
 //! - [`devices`]: a memory device (host or GPU memory) written and read
 //!   back through a daemon, beside memcpy or the driver's pinned copy.
+//! - [`p2p`]: peer-to-peer transfers between two emulated devices beside
+//!   memcpy of the same sizes.
+//! - `hw` (feature `rtl`): the RTL crossbar's saturation throughput in
+//!   co-simulation, beside the line rate or the head-of-line bound.
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
+//!
+//! - [`suite`]: the headline rows of the performance issue in one run,
+//!   one JSON file and one SVG summary.
 //!
 //! Sender and receiver run on separate OS threads, each with its own
 //! current-thread runtime ([`engine`]), so figures are per core and honest.
@@ -38,12 +46,18 @@ pub mod args;
 pub mod clock;
 pub mod collectives;
 pub mod devices;
+#[cfg(feature = "dpdk")]
+pub mod dpdk_tx;
 pub mod engine;
 mod error;
+pub mod ether_tx;
 pub mod fabric;
 pub mod fabric_shards;
 pub mod gen;
 pub mod hist;
+#[cfg(feature = "rtl")]
+pub mod hw;
+pub mod p2p;
 pub mod pacer;
 pub mod path;
 pub mod peer;
@@ -55,9 +69,11 @@ pub mod rtt;
 pub mod scale;
 pub mod share;
 pub mod share_daemons;
+pub mod shm_rtt;
 pub mod sizes;
 pub mod stacks;
 pub mod stamp;
+pub mod suite;
 pub mod tunnel;
 
 pub use error::BenchError;

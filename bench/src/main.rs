@@ -83,6 +83,18 @@ enum Command {
     /// a daemon started in this process, beside memcpy (host) or the
     /// driver's pinned host-to-device copy (gpu).
     Devices(DevicesArgs),
+    /// Peer-to-peer transfers between two emulated devices (push, pull,
+    /// staged, pipelined) over a sweep of sizes, beside memcpy of the same
+    /// sizes between the same memories.
+    P2p(P2pArgs),
+    /// The RTL crossbar in co-simulation (a build with `--features rtl`):
+    /// beats per cycle per output with every input backlogged, beside the
+    /// line rate (all-to-one) or the head-of-line bound (uniform).
+    Hw(HwArgs),
+    /// Every headline row of the performance issue, each through its own
+    /// subcommand: ours, the peer, the ratio, the target; one JSON file and
+    /// one SVG summary.
+    Suite(SuiteArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -179,6 +191,81 @@ struct DevicesArgs {
     /// Timed rounds of each figure; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
+}
+
+#[derive(Args)]
+struct SuiteArgs {
+    /// Short measurements (the default seconds become 1): every row in
+    /// well under 3 minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per measurement (default 3, 1 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60))]
+    seconds: Option<u64>,
+    /// Only these rows, comma-separated (see the report for their names).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Where to write the report: OUT.json and OUT.svg.
+    #[arg(long, default_value = "uniplane-suite")]
+    out: PathBuf,
+    /// Print the rows as a Markdown table (the one in docs/benchmarks.md).
+    #[arg(long)]
+    markdown: bool,
+    /// Render the table and the SVG from an earlier report (OUT.json of a
+    /// run) instead of measuring.
+    #[arg(long)]
+    from: Option<PathBuf>,
+    /// Draw the summary here instead of OUT.svg (.svg or .png).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct HwArgs {
+    /// all-to-one (inputs 1..N to port 0) or uniform (every input, random outputs).
+    #[arg(long, default_value = "uniform", value_parser = ["all-to-one", "uniform"])]
+    pattern: String,
+    /// Payload bytes of every message (at most 9000).
+    #[arg(long, default_value_t = 1500)]
+    size: usize,
+    /// The model: 4 or 8 ports.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(4..=8))]
+    ports: u32,
+    /// Measured clock cycles (after 2,000 of warm-up).
+    #[arg(long, default_value_t = 20_000)]
+    cycles: u64,
+    /// Seed of the uniform destinations.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Draw beats per cycle per output beside the reference (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct P2pArgs {
+    /// Transfer modes, comma-separated: push, pull, staged, pipelined, or all.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    mode: Vec<String>,
+    /// Bytes per transfer: sizes and FROM..TO ranges that double, with K or
+    /// M suffixes (at most 256M), e.g. 4..32M or 64,4K,1M.
+    #[arg(long, default_value = "4..32M")]
+    sizes: String,
+    /// Milliseconds spent on each point (at least 3 transfers each).
+    #[arg(long, default_value_t = 60)]
+    budget_ms: u64,
+    /// Clear B before each point and compare its bytes with A's after.
+    #[arg(long)]
+    verify: bool,
+    /// A PCIe link model for both engines: none (memory speed), gen2x4, gen3x8.
+    #[arg(long, default_value = "none")]
+    model: String,
+    /// Where the modelled link goes: direct, switch or rc (root complex).
+    #[arg(long, default_value = "direct")]
+    link_path: String,
+    /// Draw GB/s against size, a line per mode and memcpy's (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -356,7 +443,7 @@ struct ShareArgs {
 
 #[derive(Args)]
 struct Where {
-    /// Stack, by name: mem, udp, udp-unpacked, tcp, ltl, ether, …
+    /// Stack, by name: mem, udp, udp-unpacked, udp-uring, udp-unpacked-uring, tcp, ltl, ether, …
     #[arg(long, default_value = "mem")]
     stack: String,
     /// Where the receiving side listens (default: a fresh name for mem, a
@@ -492,6 +579,11 @@ struct RttArgs {
     /// Milliseconds after which an unanswered request counts as lost.
     #[arg(long, default_value_t = 200)]
     timeout_ms: u64,
+    /// With --stack shm: round trips over a device path of shared memory
+    /// instead of a link — pio (the PIO mailbox) or dma (the DMA ring) —
+    /// beside a Unix-socket ping-pong of the same size in the same run.
+    #[arg(long, value_parser = ["pio", "dma"])]
+    path: Option<String>,
     /// Draw the RTT CDF (or throughput) into this .svg or .png file.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -508,6 +600,12 @@ enum Tool {
     Iperf3Tcp,
     /// sockperf ping-pong over UDP: median round trip (use with --stack udp-unpacked or udp).
     Sockperf,
+    /// dpdk-testpmd txonly on DPDK net_null ports: frames sent per second
+    /// (use with --stack dpdk, in a build with --features dpdk).
+    Testpmd,
+    /// netsniff-ng's trafgen on a veth between two namespaces: frames sent
+    /// per second (use with --stack ether; root).
+    Trafgen,
 }
 
 #[derive(Args)]
@@ -531,6 +629,9 @@ struct PeerArgs {
     /// with non-blocking sockets, ours busy-polling.
     #[arg(long)]
     busy_poll: bool,
+    /// Draw each round's figure, ours beside the peer's (SVG or PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// Per-second lines on stdout, a progress indicator on a terminal's stderr.
@@ -608,6 +709,56 @@ impl Observer for Live {
 impl Drop for Live {
     fn drop(&mut self) {
         self.clear();
+    }
+}
+
+/// Progress on a terminal's stderr for a benchmark without progress of
+/// its own: its name and the seconds so far (against the planned seconds
+/// when known), redrawn every 200 ms from a thread until dropped; nothing
+/// with `--json`, `--quiet` or without a terminal.
+struct Ticker {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(cli: &Cli, label: &str, planned_s: Option<f64>) -> Ticker {
+        if cli.quiet || cli.json || !std::io::stderr().is_terminal() {
+            return Ticker {
+                stop: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let label = label.to_owned();
+        let thread = std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let spin = ['|', '/', '-', '\\'];
+            let mut i = 0;
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(Duration::from_millis(200))
+            {
+                let t = start.elapsed().as_secs_f64();
+                let of = planned_s.map_or(String::new(), |p| format!(" of ~{p:.0} s"));
+                eprint!("\r{label} {} {t:.1} s{of}   ", spin[i % spin.len()]);
+                let _ = std::io::stderr().flush();
+                i += 1;
+            }
+            eprint!("\r{:79}\r", "");
+        });
+        Ticker {
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -760,7 +911,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
             } else {
                 "lossless"
             };
-            let mut live = Live::new(format!("{} {tag}", label_of(mix)), cli.quiet);
+            let mut live = Live::new(format!("{} {tag}", label_of(mix)), cli.quiet || cli.json);
             let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
             let sender = LtlSenderCounters::from(stack.client_stats().unwrap_or_default());
             if lossy {
@@ -782,7 +933,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
             ..base.clone()
         };
         let label = label_of(mix);
-        let mut live = Live::new(label.clone(), cli.quiet);
+        let mut live = Live::new(label.clone(), cli.quiet || cli.json);
         let run = run_gen(stack.clone(), &at, &cfg, &mut live)?;
         drop(live);
         if mixes.len() > 1 && !cli.quiet {
@@ -920,6 +1071,9 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
 }
 
 fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
+    if let Some(path) = &a.path {
+        return shm_path_rtt(cli, a, path);
+    }
     let stack = open_rtt_stack(&a.at.stack, a.busy_poll)?;
     let at = a.at.endpoints()?;
     let cfg = RttConfig {
@@ -931,7 +1085,7 @@ fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
         timeout: Duration::from_millis(a.timeout_ms.max(1)),
         ..RttConfig::default()
     };
-    let mut live = Live::new("rtt".into(), cli.quiet);
+    let mut live = Live::new("rtt".into(), cli.quiet || cli.json);
     let run = run_rtt(stack, &at, &cfg, &mut live)?;
     drop(live);
     let (seconds, count) = cfg.stop.plan();
@@ -995,10 +1149,113 @@ fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("rtt", params, results))
 }
 
+/// `rtt --stack shm --path pio|dma`: round trips over a device path,
+/// then the Unix-socket peer for as long.
+fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
+    use uniplane_bench::shm_rtt::{run_shm_rtt, run_unix_rtt, ShmPath, PEER};
+    if a.at.stack != "shm" {
+        return Err(BenchError::Config(format!(
+            "--path {path} is a path of the shm stack: use it with --stack shm, not `{}`",
+            a.at.stack
+        )));
+    }
+    let which = ShmPath::by_name(path)?;
+    let cfg = RttConfig {
+        size: a.size,
+        inflight: a.inflight,
+        stop: a.time.stop(),
+        warmup: a.time.warmup()?,
+        busy_poll: a.busy_poll,
+        ..RttConfig::default()
+    };
+    let quiet = cli.quiet || cli.json;
+    let mut live = Live::new(format!("shm {path}"), quiet);
+    let ours = run_shm_rtt(which, &cfg, &mut live)?;
+    drop(live);
+    let mut live = Live::new("unix".into(), quiet);
+    let peer = run_unix_rtt(&cfg, &mut live)?;
+    drop(live);
+    let result_of = |run: &uniplane_bench::rtt::RttRun| RttResults {
+        rtt_ns: run.rtt.percentiles(),
+        round_trips_per_s: run.round_trips_per_s(),
+        sent: run.sent,
+        received: run.received,
+        lost: run.lost,
+        errors: run.errors,
+        seconds: run.seconds,
+        per_second: PerSecond::of(&run.samples),
+    };
+    let (o, p) = (result_of(&ours), result_of(&peer));
+    let ratio = if p.rtt_ns.p50 > 0 {
+        o.rtt_ns.p50 as f64 / p.rtt_ns.p50 as f64
+    } else {
+        0.0
+    };
+    let wait = match (which, a.busy_poll) {
+        (ShmPath::Dma, _) => "the engine spins, the pinger spins on the notify word",
+        (ShmPath::Pio, true) => "both sides busy-poll",
+        (ShmPath::Pio, false) => "both sides spin 20 µs, then park",
+    };
+    println!(
+        "rtt over shm, path {path}: {} B payload each way, {wait}",
+        a.size
+    );
+    println!(
+        "  {:.3} s measured: {} round trips ({:.0}/s)",
+        o.seconds, o.received, o.round_trips_per_s
+    );
+    print_percentiles(&format!("shm {path}"), &o.rtt_ns);
+    print_percentiles("unix sock", &p.rtt_ns);
+    println!("  p50 ratio shm {path} / Unix socket: {ratio:.3}  (peer: {PEER})");
+    if let Some(file) = &a.plot {
+        let ours_label = format!("shm {path}");
+        let lines = [
+            (ours_label.as_str(), ours.rtt.cdf()),
+            ("Unix socket (peer)", peer.rtt.cdf()),
+        ];
+        plot::draw(
+            file,
+            &Chart::Cdfs {
+                what: "round-trip time",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", file.display());
+    }
+    let (seconds, count) = cfg.stop.plan();
+    let params = json!({
+        "stack": "shm", "path": path, "size": a.size, "inflight": 1, "seconds": seconds,
+        "count": count, "warmup_s": a.time.warmup, "busy_poll": a.busy_poll, "wait": wait,
+    });
+    let mut results = serde_json::to_value(&o)?;
+    if let Value::Object(m) = &mut results {
+        m.insert("path".into(), json!(path));
+        m.insert(
+            "peer".into(),
+            json!({ "name": PEER, "rtt_ns": p.rtt_ns, "round_trips_per_s": p.round_trips_per_s,
+                    "seconds": p.seconds, "per_second": p.per_second }),
+        );
+        m.insert("p50_ratio".into(), json!(ratio));
+    }
+    emit(cli.json, &Report::new("rtt", params, results))
+}
+
 /// What the comparison's reader must know about the two transports.
 fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
+    let (like, note) = transport_note_epoll(stack, tool);
+    if stack.ends_with("-uring") {
+        let note = note.replace(
+            "(sendmmsg/GSO, recvmmsg/GRO)",
+            "(through an io_uring ring per socket, without GSO)",
+        );
+        return (like, format!("{note}; ours on the io_uring backend"));
+    }
+    (like, note)
+}
+
+fn transport_note_epoll(stack: &str, tool: &dyn Peer) -> (bool, String) {
     match stack {
-        "udp-unpacked" => (
+        "udp-unpacked" | "udp-unpacked-uring" => (
             true,
             format!(
                 "both sides move each payload as one UDP datagram over 127.0.0.1 ({}); ours adds the \
@@ -1018,7 +1275,7 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
         ),
         // One request in flight: a packing link has one message to put in
         // each datagram, as the unpacked one does.
-        "udp" if tool.metric() == peer::Metric::RttP50Ns => (
+        "udp" | "udp-uring" if tool.metric() == peer::Metric::RttP50Ns => (
             true,
             format!(
                 "both sides move each payload as one UDP datagram over 127.0.0.1 ({}): with one \
@@ -1027,7 +1284,7 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
                 tool.transport()
             ),
         ),
-        "udp" => (
+        "udp" | "udp-uring" => (
             false,
             "ours packs many messages into each UDP datagram while the peer sends one payload per \
              datagram: same transport, different framing; use --stack udp-unpacked for one message per datagram"
@@ -1045,11 +1302,6 @@ fn transport_note(stack: &str, tool: &dyn Peer) -> (bool, String) {
 }
 
 fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
-    let tool: Box<dyn Peer> = match a.tool {
-        Tool::Iperf3 => Box::new(Iperf3Udp::default()),
-        Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
-        Tool::Sockperf => Box::new(peer::Sockperf::default()),
-    };
     if a.busy_poll && !matches!(a.tool, Tool::Sockperf) {
         return Err(BenchError::Config(
             "--busy-poll compares round trips: use it with --tool sockperf".into(),
@@ -1060,19 +1312,17 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         seconds: a.seconds.max(1),
         busy_poll: a.busy_poll,
     };
+    // Frame-layer peers run on what they set up themselves (a veth, an EAL).
+    let tool: Box<dyn Peer> = match a.tool {
+        Tool::Iperf3 => Box::new(Iperf3Udp::default()),
+        Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
+        Tool::Sockperf => Box::new(peer::Sockperf::default()),
+        Tool::Testpmd | Tool::Trafgen => return frame_peer(a)?(cli, a, &w),
+    };
     let stack_name = a.stack.clone();
     open_stack(&stack_name)?;
     let (like_for_like, note) = transport_note(&stack_name, &*tool);
-    println!(
-        "peer: {} vs uniplane over `{stack_name}`, {} B payloads, {} s per measurement, {} rounds each (A B A B)",
-        tool.tool(),
-        w.size,
-        w.seconds,
-        a.rounds.max(1)
-    );
-    println!("  note: {note}");
     let metric = tool.metric();
-    let quiet = cli.quiet;
     let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
         let at = default_endpoints(&stack_name)?;
         match metric {
@@ -1114,17 +1364,123 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
             }
         }
     };
+    compare_and_report(cli, a, &*tool, &w, (like_for_like, note), &mut ours)
+}
+
+/// The runner of a frame-layer comparison (`--tool testpmd` or
+/// `--tool trafgen`), after checking the stack it needs.
+type FramePeer = fn(&Cli, &PeerArgs, &Workload) -> Result<(), BenchError>;
+
+fn frame_peer(a: &PeerArgs) -> Result<FramePeer, BenchError> {
+    let (name, stack, run): (&str, &str, FramePeer) = match a.tool {
+        Tool::Trafgen => ("trafgen", "ether", peer_trafgen),
+        _ => ("testpmd", "dpdk", peer_testpmd),
+    };
+    if a.stack != stack {
+        return Err(BenchError::Config(format!(
+            "--tool {name} compares frames sent: use it with --stack {stack}"
+        )));
+    }
+    Ok(run)
+}
+
+fn peer_trafgen(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    use uniplane_bench::ether_tx::{frame_len, Trafgen, Veth};
+    if peer::find_tool("trafgen").is_none() {
+        return Err(peer::PeerError::Missing {
+            tool: "trafgen",
+            package: "netsniff-ng",
+        }
+        .into());
+    }
+    let veth = Veth::new()?;
+    let tool = Trafgen::new(&veth);
+    let len = frame_len(w.size);
+    let note = format!(
+        "both sides send {len}-byte broadcast frames ({} on the wire with the FCS) on one end of a \
+         veth between two namespaces, from CPU 0: ours through the frame layer's AF_PACKET \
+         transmit ring, timed by wall clock; trafgen through its own, its figure its count over \
+         its worker's time",
+        len + 4
+    );
+    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
+        let (pps, frames) = veth.raw_tx(len, w.seconds as f64)?;
+        Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
+    };
+    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn peer_testpmd(_: &Cli, _: &PeerArgs, _: &Workload) -> Result<(), BenchError> {
+    Err(BenchError::Config(
+        "`peer --tool testpmd --stack dpdk` needs DPDK: this uniplane-bench was built without \
+         the `dpdk` feature (cargo build --release -p uniplane-bench --features dpdk; needs \
+         libdpdk-dev and libclang-dev)"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "dpdk")]
+fn peer_testpmd(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    use uniplane_bench::dpdk_tx::NullPort;
+    let tool = peer::Testpmd::default();
+    let note = format!(
+        "both sides transmit {}-byte frames on DPDK net_null ports (no hardware, no hugepages) \
+         from one core: ours through the frame layer on DPDK (uniplane-dpdk), the peer {}",
+        w.size.clamp(64, 1514),
+        tool.transport()
+    );
+    let mut port: Option<NullPort> = None;
+    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
+        let p = match &mut port {
+            Some(p) => p,
+            None => port.insert(NullPort::open()?),
+        };
+        let (pps, frames) = p.transmit(w.size, w.seconds as f64)?;
+        Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
+    };
+    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
+}
+
+/// Runs our side and `tool` alternately and prints and reports the
+/// comparison (the second half of every `peer` run).
+fn compare_and_report(
+    cli: &Cli,
+    a: &PeerArgs,
+    tool: &dyn Peer,
+    w: &Workload,
+    (like_for_like, note): (bool, String),
+    ours: &mut peer::OurSide<'_>,
+) -> Result<(), BenchError> {
+    let stack_name = a.stack.clone();
+    let metric = tool.metric();
+    let quiet = cli.quiet || cli.json;
+    println!(
+        "peer: {} vs uniplane over `{stack_name}`, {} B payloads, {} s per measurement, {} rounds each (A B A B)",
+        tool.tool(),
+        w.size,
+        w.seconds,
+        a.rounds.max(1)
+    );
+    println!("  note: {note}");
+    // Frame-layer peers count frames transmitted; the others what arrived.
+    let verb = if matches!(a.tool, Tool::Testpmd | Tool::Trafgen) {
+        "sent"
+    } else {
+        "received"
+    };
     let unit = |v: f64| match metric {
         peer::Metric::Pps => format!("{:.3} Mpps", v / 1e6),
         peer::Metric::RttP50Ns => ns(v),
         peer::Metric::Gbps => format!("{v:.2} Gbit/s"),
     };
-    let c = peer::compare(&*tool, &w, a.rounds, &mut ours, |r: &Round| {
+    let c = peer::compare(tool, w, a.rounds, ours, |r: &Round| {
         if !quiet {
             let sent = r
                 .detail
                 .get("tx_pps")
                 .and_then(Value::as_f64)
+                .filter(|_| verb == "received")
                 .map(|tx| format!("  (sent {})", unit(tx)))
                 .unwrap_or_default();
             let side = if r.side == "ours" {
@@ -1133,7 +1489,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
                 tool.tool()
             };
             println!(
-                "  round {} {side:<6} {} received{sent}",
+                "  round {} {side:<6} {} {verb}{sent}",
                 r.order + 1,
                 unit(r.value)
             );
@@ -1147,6 +1503,38 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         unit(c.peer),
         c.ratio
     );
+    if let Some(path) = &a.plot {
+        let (scale, y_label) = match metric {
+            peer::Metric::Pps => (1e-6, "Mpps"),
+            peer::Metric::RttP50Ns => (1e-3, "round trip p50, µs"),
+            peer::Metric::Gbps => (1.0, "Gbit/s of payload"),
+        };
+        let side = |which: &str| -> Vec<(f64, f64)> {
+            c.rounds
+                .iter()
+                .filter(|r| r.side == which)
+                .enumerate()
+                .map(|(i, r)| ((i + 1) as f64, r.value * scale))
+                .collect()
+        };
+        let peer_label = format!("{} (peer)", tool.tool());
+        let ours_label = format!("uniplane over {stack_name}");
+        let lines = [
+            (ours_label.as_str(), side("ours")),
+            (peer_label.as_str(), side("peer")),
+        ];
+        let title = format!("{} per round: ours ÷ peer = {:.2}", c.metric, c.ratio);
+        plot::draw(
+            path,
+            &Chart::Points {
+                title: &title,
+                x_label: "round (ours, then the peer, alternating)",
+                y_label,
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
     let params = json!({
         "tool": tool.tool(),
         "stack": stack_name,
@@ -1155,7 +1543,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         "rounds": a.rounds.max(1),
         "busy_poll": a.busy_poll,
         "order": "ours, peer, ours, peer, …",
-        "peer_commands": tool.commands(&w),
+        "peer_commands": tool.commands(w),
     });
     let results = json!({
         "metric": c.metric,
@@ -1181,7 +1569,9 @@ fn scale(cli: &Cli, a: &ScaleArgs) -> Result<(), BenchError> {
         sizes: a.sizes.clone(),
         seconds: a.seconds,
     };
+    let ticker = Ticker::start(cli, "scale", None);
     let results = run_scale(&cfg)?;
+    drop(ticker);
     for (sweep, key) in [
         ("ports", "ports"),
         ("connections", "connections"),
@@ -1259,7 +1649,9 @@ fn fabric_sharded(
         burst: a.burst,
         voq_depth: a.voq_depth,
     };
+    let ticker = Ticker::start(cli, "fabric", None);
     let results = run_sharded(&cfg)?;
+    drop(ticker);
     println!(
         "fabric {} {}×{} B on {} shards ({} source, {} cores): {:.2} M msgs/s end to end ({:.2} GB/s)",
         a.pattern,
@@ -1290,7 +1682,9 @@ fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
     if let Some(shards) = a.shards {
         return fabric_sharded(cli, a, matrix, shards);
     }
+    let ticker = Ticker::start(cli, "fabric", None);
     let results = run_fabric(a.ports, matrix, a.size, a.seconds)?;
+    drop(ticker);
     println!(
         "fabric {} {}×{} B: {:.2} M msgs/s on the engine core ({:.2} GB/s), end to end {:.2} M msgs/s; bare SPSC ring {:.2} M msgs/s; memcpy {:.1} GB/s; latency p50 {} ns p99 {} ns",
         a.pattern,
@@ -1310,7 +1704,9 @@ fn fabric(cli: &Cli, a: &FabricArgs) -> Result<(), BenchError> {
 }
 
 fn overhead(cli: &Cli, a: &OverheadArgs) -> Result<(), BenchError> {
+    let ticker = Ticker::start(cli, "overhead", None);
     let results = uniplane_bench::fabric::run_overhead(a.size, a.count)?;
+    drop(ticker);
     let f = |path: &str, q: &str| results[path][q].as_f64().unwrap_or(0.0);
     println!(
         "overhead {} B: the overlay adds p50 {:.0} ns, p99 {:.0} ns per traversal inline; through the engine's thread p50 {:.0} ns, p99 {:.0} ns (round trips p50: without {} ns, inline {} ns, engine thread {} ns)",
@@ -1348,7 +1744,9 @@ fn share(cli: &Cli, a: &ShareArgs) -> Result<(), BenchError> {
         rate_bps: (gbps * 1e9) as u64,
         interval_ms: a.interval_ms,
     };
+    let ticker = Ticker::start(cli, "share", Some(4.0 * a.phase_ms as f64 / 1000.0));
     let r = run_share(&opts)?;
+    drop(ticker);
     share_phases(a, &r.results, &r.series)?;
     println!(
         "max_share_error {:.3}, jain_min {:.3}, utilization_min {:.3}, settle_ms_max {}",
@@ -1400,7 +1798,9 @@ fn share_through_daemons(cli: &Cli, a: &ShareArgs, weights: Vec<u32>) -> Result<
         stack,
         uniplaned: a.uniplaned.clone(),
     };
+    let ticker = Ticker::start(cli, "share", None);
     let r = run_share_through_daemons(&opts)?;
+    drop(ticker);
     share_phases(a, &r.results, &r.series)?;
     println!(
         "through daemons over {}: max_share_error {:.3}, utilization {:.3}, settle_ms {:.1} after the live change (its requests took {:.1} ms)",
@@ -1432,7 +1832,9 @@ fn path(cli: &Cli, a: &PathArgs) -> Result<(), BenchError> {
         uniplaned: a.uniplaned.clone(),
         ping_count: a.ping_count,
     };
+    let ticker = Ticker::start(cli, "path", None);
     let r = run_path(&cfg)?;
+    drop(ticker);
     let ns = |v: &Value| {
         v.as_f64()
             .map_or("-".to_string(), |x| format!("{:.2}", x / 1000.0))
@@ -1471,7 +1873,9 @@ fn tunnel(cli: &Cli, a: &TunnelArgs) -> Result<(), BenchError> {
         warmup,
         uniplaned: a.uniplaned.clone(),
     };
+    let ticker = Ticker::start(cli, "tunnel", Some(2.0 * (a.seconds + a.warmup)));
     let r = run_tunnel(&cfg)?;
+    drop(ticker);
     let peer = peer_name(stack);
     let (t, lost) = (&r.tunnel, r.lost());
     let note = r.note();
@@ -1575,7 +1979,9 @@ fn rpc(cli: &Cli, a: &RpcArgs) -> Result<(), BenchError> {
         },
         uniplaned: a.uniplaned.clone(),
     };
+    let ticker = Ticker::start(cli, "rpc", None);
     let r = run_rpc(&cfg)?;
+    drop(ticker);
     let us = |v: &Value| {
         v.as_f64()
             .map_or("-".to_string(), |x| format!("{:.1}", x / 1000.0))
@@ -1629,7 +2035,9 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         eager_threshold: a.eager,
         stack: a.stack.clone(),
     };
+    let ticker = Ticker::start(cli, "collectives", None);
     let r = run_collectives(&cfg)?;
+    drop(ticker);
     let us = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
     println!(
         "{} with {} ranks over {}, wait {} (avg µs over ranks; CPU µs per op, all ranks):",
@@ -1710,7 +2118,9 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
         uniplaned: a.uniplaned.clone(),
         openshmem: !a.no_openshmem,
     };
+    let ticker = Ticker::start(cli, "pgas", None);
     let r = run_pgas(&cfg)?;
+    drop(ticker);
     println!(
         "pgas {} over {}, wait {} (median µs):",
         a.op, a.stack, a.wait
@@ -1760,7 +2170,9 @@ fn devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
         gpu: a.gpu,
         rounds: a.rounds as usize,
     };
+    let ticker = Ticker::start(cli, "devices", None);
     let r = run_devices(&cfg)?;
+    drop(ticker);
     let f = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
     println!(
         "devices: {} bytes of {} memory through the daemon (GB/s, median of {}):",
@@ -1818,7 +2230,9 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
         wait,
         count: a.count.max(1),
     };
+    let ticker = Ticker::start(cli, "devices", None);
     let r = run_kernel_rtt(&cfg)?;
+    drop(ticker);
     println!(
         "devices: {size}-byte round trips to an echo kernel (emulated, wait {}), path {}:",
         a.wait,
@@ -1850,6 +2264,370 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("devices", params, r))
 }
 
+fn suite(cli: &Cli, a: &SuiteArgs) -> Result<(), BenchError> {
+    use uniplane_bench::suite::{markdown, run_suite, target_text, RowResult, SuiteConfig};
+    let with_ext = |ext: &str| {
+        let mut p = a.out.clone().into_os_string();
+        p.push(format!(".{ext}"));
+        PathBuf::from(p)
+    };
+    let (json_path, svg_path) = (with_ext("json"), a.plot.clone().unwrap_or(with_ext("svg")));
+    let started = std::time::Instant::now();
+    let (report, rows): (Value, Vec<Value>) = if let Some(from) = &a.from {
+        let text = std::fs::read_to_string(from)
+            .map_err(|e| BenchError::Config(format!("--from {}: {e}", from.display())))?;
+        let v: Value = serde_json::from_str(&text)?;
+        let rows = v["results"]["rows"].as_array().cloned().ok_or_else(|| {
+            BenchError::Config(format!("--from {}: no results.rows", from.display()))
+        })?;
+        (v, rows)
+    } else {
+        let seconds = a.seconds.unwrap_or(if a.quick { 1 } else { 3 });
+        let cfg = SuiteConfig {
+            seconds,
+            only: a.only.clone(),
+            exe: std::env::current_exe()
+                .map_err(|e| BenchError::Config(format!("finding this program: {e}")))?,
+        };
+        let quiet = cli.quiet || cli.json;
+        let tty = std::io::stderr().is_terminal();
+        let rows = run_suite(&cfg, |i, n, row| {
+            if !quiet && tty {
+                eprint!("\r{:79}\rsuite [{}/{n}] {}", "", i + 1, row.id);
+                let _ = std::io::stderr().flush();
+            }
+        })?;
+        if !quiet && tty {
+            eprint!("\r{:79}\r", "");
+        }
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?;
+        let params = json!({ "quick": a.quick, "seconds": seconds, "only": a.only });
+        let results = json!({
+            "rows": rows,
+            "seconds": started.elapsed().as_secs_f64(),
+            "ok": rows.iter().filter(|r| r["status"] == "ok").count(),
+            "skipped": rows.iter().filter(|r| r["status"] == "skipped").count(),
+            "failed": rows.iter().filter(|r| r["status"] == "failed").count(),
+        });
+        let v = serde_json::to_value(Report::new("suite", params, results))?;
+        std::fs::write(&json_path, format!("{v}\n"))
+            .map_err(|e| BenchError::Config(format!("writing {}: {e}", json_path.display())))?;
+        (v, rows)
+    };
+    let typed: Vec<RowResult> = rows.iter().filter_map(row_result).collect();
+    for r in &typed {
+        let figures = match r.status {
+            "ok" => format!(
+                "ours {} {}{}  ratio {}  target {} {}",
+                r.ours.map_or("-".into(), |x| format!("{x:.3}")),
+                r.unit,
+                match (r.peer, r.peer_name) {
+                    (Some(p), Some(n)) => format!("  peer {p:.3} {} ({n})", r.unit),
+                    _ => String::new(),
+                },
+                r.ratio.map_or("-".into(), |x| format!("{x:.2}")),
+                target_text(r),
+                match r.target_met {
+                    Some(true) => "met",
+                    Some(false) => "NOT met",
+                    None => "",
+                }
+            ),
+            other => format!("{other}: {}", r.reason.as_deref().unwrap_or("")),
+        };
+        println!("{:<24} {figures}", r.id);
+    }
+    let bars: Vec<(String, f64, Option<bool>)> = typed
+        .iter()
+        .filter_map(|r| {
+            let ratio = r.ratio?;
+            let vs = match (r.peer, r.peer_name) {
+                (Some(p), Some(n)) => format!("{p:.3} {} ({n})", r.unit),
+                _ => format!("target {}", target_text(r)),
+            };
+            Some((
+                format!(
+                    "{}: ours {:.3} {} vs {vs}: {ratio:.2}×",
+                    r.id, r.ours?, r.unit
+                ),
+                ratio,
+                r.target_met,
+            ))
+        })
+        .collect();
+    if !bars.is_empty() {
+        plot::draw(
+            &svg_path,
+            &Chart::Ratios {
+                title: "uniplane-bench suite: ours ÷ peer per row",
+                rows: &bars,
+            },
+        )?;
+    }
+    if a.from.is_none() {
+        println!("  report: {}", json_path.display());
+    }
+    if !bars.is_empty() {
+        println!("  summary: {}", svg_path.display());
+    }
+    if a.markdown {
+        print!("{}", markdown(&typed));
+    }
+    if cli.json {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+/// A row of a suite report read back (from this run or an earlier one).
+fn row_result(v: &Value) -> Option<uniplane_bench::suite::RowResult> {
+    use uniplane_bench::suite::{rows, RowResult};
+    let def = rows().into_iter().find(|r| v["id"] == r.id)?;
+    let status = match v["status"].as_str()? {
+        "ok" => "ok",
+        "skipped" => "skipped",
+        _ => "failed",
+    };
+    Some(RowResult {
+        id: def.id,
+        what: def.what,
+        command: v["command"].as_str()?.to_owned(),
+        status,
+        reason: v["reason"].as_str().map(str::to_owned),
+        ours: v["ours"].as_f64(),
+        peer: v["peer"].as_f64(),
+        peer_name: def.peer.map(|p| p.1),
+        ratio: v["ratio"].as_f64(),
+        ratio_of: match v["ratio_of"].as_str() {
+            Some("peer") => Some("peer"),
+            Some("target") => Some("target"),
+            _ => None,
+        },
+        unit: def.unit,
+        higher_is_better: def.higher_is_better,
+        target: def.target,
+        target_met: v["target_met"].as_bool(),
+        seconds: v["seconds"].as_f64().unwrap_or(0.0),
+    })
+}
+
+#[cfg(not(feature = "rtl"))]
+fn hw(_: &Cli, _: &HwArgs) -> Result<(), BenchError> {
+    Err(BenchError::Config(
+        "`hw` needs the RTL co-simulation: this uniplane-bench was built without the `rtl` \
+         feature (cargo build --release -p uniplane-bench --features rtl; needs Verilator)"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "rtl")]
+fn hw(cli: &Cli, a: &HwArgs) -> Result<(), BenchError> {
+    use uniplane_bench::hw::{run_hw, HwBench, HwPattern};
+    use uniplane_hw_sim::Model;
+    let model = match a.ports {
+        4 => Model::N4,
+        8 => Model::N8,
+        other => {
+            return Err(BenchError::Config(format!(
+                "--ports {other}: the RTL is built with 4 or 8"
+            )))
+        }
+    };
+    let cfg = HwBench {
+        model,
+        pattern: if a.pattern == "all-to-one" {
+            HwPattern::AllToOne
+        } else {
+            HwPattern::Uniform
+        },
+        size: a.size,
+        cycles: a.cycles,
+        seed: a.seed,
+    };
+    let mut live = Live::new("hw".into(), cli.quiet || cli.json);
+    let r = run_hw(&cfg, &mut live)?;
+    drop(live);
+    let per_output: Vec<f64> = r["beats_per_cycle"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect();
+    println!(
+        "hw {} with {} ports, {} B payloads ({} beats each), {} cycles after {} of warm-up:",
+        a.pattern, a.ports, a.size, r["beats_per_message"], r["cycles"], r["warmup_cycles"]
+    );
+    println!(
+        "  beats per cycle per output: {}",
+        per_output
+            .iter()
+            .map(|b| format!("{b:.3}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let reference = r["reference"]["beats_per_cycle"].as_f64().unwrap_or(0.0);
+    println!(
+        "  mean {:.3}, lowest {:.3} beside {:.3} ({}): ratio {:.3}",
+        r["beats_per_cycle_mean"].as_f64().unwrap_or(0.0),
+        r["beats_per_cycle_min"].as_f64().unwrap_or(0.0),
+        reference,
+        r["reference"]["name"].as_str().unwrap_or("?"),
+        r["ratio"].as_f64().unwrap_or(0.0),
+    );
+    println!(
+        "  {} messages delivered; {:.0} simulated cycles per second",
+        r["messages_delivered"],
+        r["simulated_cycles_per_sec"].as_f64().unwrap_or(0.0)
+    );
+    if let Some(path) = &a.plot {
+        let ours: Vec<(f64, f64)> = per_output
+            .iter()
+            .enumerate()
+            .map(|(o, &b)| (o as f64, b))
+            .collect();
+        let refline: Vec<(f64, f64)> = (0..per_output.len())
+            .map(|o| (o as f64, reference))
+            .collect();
+        let lines = [("RTL crossbar", ours), ("reference", refline)];
+        let title = format!("{} {} B, beats per cycle by output port", a.pattern, a.size);
+        plot::draw(
+            path,
+            &Chart::Points {
+                title: &title,
+                x_label: "output port",
+                y_label: "beats per cycle (1 = line rate)",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
+    let params = json!({ "pattern": a.pattern, "size": a.size, "ports": a.ports,
+        "cycles": a.cycles, "seed": a.seed });
+    emit(cli.json, &Report::new("hw", params, r))
+}
+
+fn p2p(cli: &Cli, a: &P2pArgs) -> Result<(), BenchError> {
+    use uniplane_bench::p2p::{parse_mode, parse_model, run_p2p, P2pBench, MAX_P2P_SIZE};
+    use uniplane_shm::p2p::TransferMode;
+    let mut modes = Vec::new();
+    for m in &a.mode {
+        if m == "all" {
+            modes.extend(TransferMode::ALL);
+        } else {
+            modes.push(parse_mode(m)?);
+        }
+    }
+    modes.dedup();
+    let sizes = uniplane_bench::sizes::parse_byte_sizes(&a.sizes, MAX_P2P_SIZE)
+        .map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
+    let cfg = P2pBench {
+        modes,
+        sizes: sizes.clone(),
+        budget: Duration::from_millis(a.budget_ms),
+        verify: a.verify,
+        model: parse_model(&a.model, &a.link_path)?,
+    };
+    let mut live = Live::new("p2p".into(), cli.quiet || cli.json);
+    let r = run_p2p(&cfg, &mut live)?;
+    drop(live);
+    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.3}"));
+    println!(
+        "p2p device A → device B, model {}{}, {} ms per point (median time; GB/s of payload):",
+        a.model,
+        if a.model == "none" {
+            String::new()
+        } else {
+            format!(" via {}", a.link_path)
+        },
+        a.budget_ms
+    );
+    let names: Vec<&str> = cfg.modes.iter().map(|m| m.name()).collect();
+    print!("  {:>10} {:>9}", "bytes", "memcpy");
+    for n in &names {
+        print!(" {n:>17}");
+    }
+    println!();
+    for (i, size) in sizes.iter().enumerate() {
+        print!("  {size:>10} {:>9}", f(&r["memcpy_gbytes_per_sec"][i]));
+        for m in r["modes"].as_array().into_iter().flatten() {
+            let p = &m["points"][i];
+            let bad = if p["verified"] == json!(false) {
+                " BAD"
+            } else {
+                ""
+            };
+            print!(
+                " {:>9} {:>7}",
+                f(&p["gbytes_per_sec"]),
+                format!("{}x{bad}", f(&p["vs_memcpy"]))
+            );
+        }
+        println!();
+    }
+    for m in r["modes"].as_array().into_iter().flatten() {
+        match m["fit"].as_object() {
+            Some(fit) => println!(
+                "  fit {}: {:.2} µs + size ÷ {:.2} GB/s",
+                m["mode"].as_str().unwrap_or("?"),
+                fit["latency_us"].as_f64().unwrap_or(0.0),
+                fit["gbytes_per_sec"].as_f64().unwrap_or(0.0)
+            ),
+            None => println!(
+                "  fit {}: needs two sizes or more",
+                m["mode"].as_str().unwrap_or("?")
+            ),
+        }
+    }
+    if let Some(v) = r["verified"].as_bool() {
+        println!("  verified: {v}");
+    }
+    if let Some(path) = &a.plot {
+        let line = |ys: &Value| -> Vec<(f64, f64)> {
+            sizes
+                .iter()
+                .zip(ys.as_array().into_iter().flatten())
+                .filter_map(|(&s, y)| Some((s as f64, y.as_f64().filter(|y| *y > 0.0)?)))
+                .collect()
+        };
+        let mut lines: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
+        for m in r["modes"].as_array().into_iter().flatten() {
+            let ys: Vec<Value> = m["points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["gbytes_per_sec"].clone())
+                .collect();
+            lines.push((m["mode"].as_str().unwrap_or("?"), line(&Value::Array(ys))));
+        }
+        lines.push(("memcpy (peer)", line(&r["memcpy_gbytes_per_sec"])));
+        plot::draw(
+            path,
+            &Chart::LogLog {
+                title: "device A → device B",
+                x_label: "bytes per transfer",
+                y_label: "GB/s",
+                lines: &lines,
+            },
+        )?;
+        println!("  plot: {}", path.display());
+    }
+    let fails = r["verified"] == json!(false);
+    let params = json!({
+        "modes": names, "sizes": sizes, "budget_ms": a.budget_ms, "verify": a.verify,
+        "model": a.model, "link_path": a.link_path,
+    });
+    emit(cli.json, &Report::new("p2p", params, r))?;
+    if fails {
+        return Err(BenchError::Config(
+            "device B's bytes differ from device A's after a transfer".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
@@ -1869,6 +2647,9 @@ fn main() -> ExitCode {
         Command::Pgas(a) => pgas(&cli, a),
         Command::Scale(a) => scale(&cli, a),
         Command::Devices(a) => devices(&cli, a),
+        Command::P2p(a) => p2p(&cli, a),
+        Command::Hw(a) => hw(&cli, a),
+        Command::Suite(a) => suite(&cli, a),
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)

@@ -965,3 +965,166 @@ mod more_peer_tests {
         assert!(parse_iperf3_tcp_gbps("{}").is_err());
     }
 }
+
+/// Where DPDK keeps the runtime files of a `--file-prefix` (as root).
+pub const DPDK_RUNTIME: &str = "/var/run/dpdk";
+
+/// `dpdk-testpmd --forward-mode=txonly` on two DPDK `net_null` ports (no
+/// hardware, no hugepages), one forwarding core: frames transmitted per
+/// second, the median of its per-second samples (each summed over the
+/// ports; the first period, with start-up, left out).
+#[derive(Clone, Debug, Default)]
+pub struct Testpmd {
+    /// The executable; `None` looks up `dpdk-testpmd` on `PATH`.
+    pub binary: Option<PathBuf>,
+}
+
+impl Testpmd {
+    fn args(prefix: &str, w: &Workload) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--no-huge",
+            "-m",
+            "1024",
+            "--no-pci",
+            "--file-prefix",
+            prefix,
+            "--vdev=net_null0",
+            "--vdev=net_null1",
+            "-l",
+            "0,1",
+            "--",
+            "--forward-mode=txonly",
+            "--total-num-mbufs=16384",
+            "-a",
+            "--stats-period",
+            "1",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        a.push(format!("--txpkts={}", w.size.clamp(64, 1514)));
+        a
+    }
+}
+
+/// The per-second transmit rates in testpmd's periodic statistics: each
+/// "Port statistics" period's `Tx-pps:` summed over the ports, the first
+/// period left out.
+pub fn parse_testpmd_tx_pps(out: &str) -> Vec<f64> {
+    out.split("Port statistics")
+        .skip(2)
+        .map(|period| {
+            period
+                .lines()
+                .filter_map(|l| l.split("Tx-pps:").nth(1))
+                .filter_map(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .filter(|pps| *pps > 0.0)
+        .collect()
+}
+
+impl Peer for Testpmd {
+    fn tool(&self) -> &'static str {
+        "dpdk-testpmd"
+    }
+
+    fn package(&self) -> &'static str {
+        "dpdk-dev"
+    }
+
+    fn metric(&self) -> Metric {
+        Metric::Pps
+    }
+
+    fn transport(&self) -> &'static str {
+        "DPDK net_null ports (no hardware), txonly, one forwarding core"
+    }
+
+    fn commands(&self, w: &Workload) -> Vec<String> {
+        vec![format!(
+            "dpdk-testpmd {} (stopped with SIGINT after {} statistics periods: start-up, then the seconds measured)",
+            Self::args("PREFIX", w).join(" "),
+            w.seconds + 2
+        )]
+    }
+
+    fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
+        let tool = "dpdk-testpmd";
+        let bin = locate(&self.binary, tool, "dpdk-dev")?;
+        let prefix = format!("uniplane-testpmd-{}", std::process::id());
+        let mut g = ProcessGroup::spawn(tool, Command::new(&bin).args(Self::args(&prefix, w)))?;
+        let stdout = g.take_stdout().ok_or(PeerError::BadOutput {
+            tool,
+            why: "no stdout".into(),
+        })?;
+        // Its first period includes start-up (which takes seconds under
+        // load): wait for the workload's seconds of periods after it.
+        let (tx, rx) = mpsc::channel::<usize>();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let mut periods = 0;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("Port statistics") {
+                    periods += 1;
+                    let _ = tx.send(periods);
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let want = w.seconds as usize + 2;
+        let deadline = Instant::now() + Duration::from_secs(w.seconds) + SLACK;
+        let mut seen = 0;
+        while seen < want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(n) => seen = n,
+                Err(_) => break,
+            }
+        }
+        if let Ok(pgid) = i32::try_from(g.id()) {
+            // SAFETY: signalling the process group this run started;
+            // testpmd stops its ports and exits on SIGINT.
+            unsafe {
+                libc::kill(-pgid, libc::SIGINT);
+            }
+        }
+        let stopped = g.wait_output(Duration::from_secs(10), "stop");
+        // Its runtime files go whether it stopped or was killed.
+        let _ = std::fs::remove_dir_all(Path::new(DPDK_RUNTIME).join(&prefix));
+        let (status, _, err) = stopped?;
+        let out = reader.join().unwrap_or_default();
+        let samples = parse_testpmd_tx_pps(&out);
+        if samples.is_empty() {
+            return Err(PeerError::Failed {
+                tool,
+                status: status.to_string(),
+                stderr: tail(&format!("{err}\n{out}"), 400),
+            });
+        }
+        let mut sorted = samples.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let median = sorted[sorted.len() / 2];
+        Ok(PeerFigure {
+            value: median,
+            detail: serde_json::json!({ "tx_pps_samples": samples, "tx_pps": median }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod testpmd_tests {
+    use super::*;
+
+    #[test]
+    fn testpmd_periods_sum_their_ports_and_skip_the_first() {
+        let out = "Port statistics ====\n  Tx-pps:  5\n  Tx-pps:  5\n\
+                   Port statistics ====\n  Tx-pps:  100\n  Tx-pps:  200\n\
+                   Port statistics ====\n  Tx-pps:  150\n  Tx-pps:  160\n";
+        assert_eq!(parse_testpmd_tx_pps(out), vec![300.0, 310.0]);
+        assert!(parse_testpmd_tx_pps("nothing").is_empty());
+    }
+}

@@ -49,6 +49,35 @@ pub enum Chart<'a> {
     },
     /// Per size: (payload bytes, Mpps, Mbit/s at L2).
     SizeSweep(&'a [(f64, f64, f64)]),
+    /// Several named lines with markers on linear axes from 0 (a figure
+    /// per port, ours beside a reference).
+    Points {
+        /// The chart's title.
+        title: &'a str,
+        /// The x axis label.
+        x_label: &'a str,
+        /// The y axis label.
+        y_label: &'a str,
+        /// The lines: (x, y) points.
+        lines: &'a [(&'a str, Vec<(f64, f64)>)],
+    },
+    /// One horizontal bar per row: ours ÷ the peer (1 is the peer's
+    /// figure), labelled with both figures; green where the row meets its
+    /// target, red where it does not, grey without one.
+    Ratios {
+        /// The chart's title.
+        title: &'a str,
+        /// The rows: (label with both figures, ratio, target met).
+        rows: &'a [(String, f64, Option<bool>)],
+    },
+    /// Cumulative distributions of latency, one named line each (ours and
+    /// the peer's): (ns, fraction at or below).
+    Cdfs {
+        /// Axis label (`round-trip time`).
+        what: &'a str,
+        /// The lines.
+        lines: &'a [(&'a str, Vec<(u64, f64)>)],
+    },
     /// Several named lines over time: (seconds, value) each.
     Lines {
         /// The chart's title.
@@ -198,6 +227,123 @@ fn render<DB: DrawingBackend>(
                 &RED,
             ))
             .map_err(e)?;
+        }
+        Chart::Points {
+            title,
+            x_label,
+            y_label,
+            lines,
+        } => {
+            let all = || lines.iter().flat_map(|(_, v)| v.iter());
+            if all().next().is_none() {
+                return Err("no points".into());
+            }
+            let x_min = all().map(|p| p.0).fold(f64::MAX, f64::min);
+            let x_max = all().map(|p| p.0).fold(f64::MIN, f64::max);
+            let pad = ((x_max - x_min) * 0.05).max(0.5);
+            let y_max = all().map(|p| p.1).fold(0.0, f64::max) * 1.15 + 1e-9;
+            let mut c = framed(root, title)
+                .build_cartesian_2d(x_min - pad..x_max + pad, 0.0..y_max)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc(x_label)
+                .y_desc(y_label)
+                .draw()
+                .map_err(e)?;
+            for (i, (name, points)) in lines.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                c.draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+                c.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(e)?;
+            }
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }
+        Chart::Ratios { title, rows } => {
+            if rows.is_empty() {
+                return Err("no rows".into());
+            }
+            let n = rows.len() as f64;
+            let x_max = rows.iter().map(|r| r.1).fold(1.0, f64::max) * 1.6;
+            let mut c = framed(root, title)
+                .build_cartesian_2d(0.0..x_max, 0.0..n)
+                .map_err(e)?;
+            c.configure_mesh()
+                .disable_y_mesh()
+                .y_labels(0)
+                .x_desc("ours ÷ peer (÷ target where a row has no peer); 1 = the peer")
+                .draw()
+                .map_err(e)?;
+            for (i, (label, ratio, met)) in rows.iter().enumerate() {
+                let y = n - i as f64 - 1.0;
+                let color = match met {
+                    Some(true) => GREEN.mix(0.6),
+                    Some(false) => RED.mix(0.6),
+                    None => BLACK.mix(0.3),
+                };
+                c.draw_series(std::iter::once(Rectangle::new(
+                    [(0.0, y + 0.15), (ratio.max(0.0), y + 0.55)],
+                    color.filled(),
+                )))
+                .map_err(e)?;
+                c.draw_series(std::iter::once(Text::new(
+                    label.clone(),
+                    (x_max * 0.01, y + 0.9),
+                    (FONT, 13).into_font(),
+                )))
+                .map_err(e)?;
+            }
+            c.draw_series(LineSeries::new(
+                [(1.0, 0.0), (1.0, n)],
+                BLACK.stroke_width(1),
+            ))
+            .map_err(e)?;
+        }
+        Chart::Cdfs { what, lines } => {
+            let all = || lines.iter().flat_map(|(_, v)| v.iter());
+            if all().next().is_none() {
+                return Err("no latency recorded".into());
+            }
+            let lo = all().map(|p| p.0.max(1)).min().unwrap_or(1) as f64 / 1e3;
+            let hi = all().map(|p| p.0.max(2)).max().unwrap_or(2) as f64 / 1e3;
+            let mut c = framed(root, format!("CDF of {what}"))
+                .build_cartesian_2d((lo * 0.9..hi * 1.1).log_scale(), 0.0..1.0)
+                .map_err(e)?;
+            c.configure_mesh()
+                .x_desc(format!("{what}, µs (log scale)"))
+                .y_desc("fraction at or below")
+                .draw()
+                .map_err(e)?;
+            for (i, (name, points)) in lines.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                c.draw_series(LineSeries::new(
+                    points.iter().map(|&(ns, f)| (ns.max(1) as f64 / 1e3, f)),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            }
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
         }
         Chart::Lines {
             title,

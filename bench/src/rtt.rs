@@ -133,13 +133,12 @@ pub const UDP_SPIN: Duration = Duration::from_micros(200);
 /// [`UdpConfig::busy_poll`]: uniplane_stacks::udp::UdpConfig::busy_poll
 pub fn open_rtt_stack(name: &str, busy_poll: bool) -> Result<Arc<dyn Stack>, BenchError> {
     use uniplane_stacks::udp::{UdpConfig, UdpStack};
-    let pack = match name {
-        "udp" => true,
-        "udp-unpacked" => false,
-        _ => return open_stack(name),
+    let Some((pack, uring)) = crate::stacks::udp_variant(name) else {
+        return open_stack(name);
     };
     Ok(Arc::new(UdpStack::with_config(UdpConfig {
         pack,
+        backend: crate::stacks::udp_backend(uring),
         gro: false,
         busy_poll: busy_poll.then_some(UDP_SPIN),
         ..UdpConfig::default()

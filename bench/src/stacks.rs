@@ -1,9 +1,11 @@
 //! Stacks by name, and where a benchmark listens and connects on each.
 //!
 //! Every stack of `uniplane_stacks::by_name` is available; the benchmark
-//! adds one variant of its own, `udp-unpacked`: the udp stack sending one
+//! adds variants of its own: `udp-unpacked`, the udp stack sending one
 //! message per datagram (the way iperf3 and sockperf send), where plain
-//! `udp` packs many small messages into each datagram.
+//! `udp` packs many small messages into each datagram; and `udp-uring` and
+//! `udp-unpacked-uring`, the same two on the io_uring backend instead of
+//! epoll (opening a socket fails where the kernel refuses io_uring).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,7 +18,28 @@ use uniplane_stacks::udp::{UdpConfig, UdpStack};
 use crate::BenchError;
 
 /// The benchmark's own stack variants, beside `uniplane_stacks::STACK_NAMES`.
-pub const BENCH_STACK_NAMES: &[&str] = &["udp-unpacked"];
+pub const BENCH_STACK_NAMES: &[&str] = &["udp-unpacked", "udp-uring", "udp-unpacked-uring"];
+
+/// The udp stack's variant called `name`: (packs messages, io_uring), or
+/// `None` for another stack.
+pub fn udp_variant(name: &str) -> Option<(bool, bool)> {
+    match name {
+        "udp" => Some((true, false)),
+        "udp-unpacked" => Some((false, false)),
+        "udp-uring" => Some((true, true)),
+        "udp-unpacked-uring" => Some((false, true)),
+        _ => None,
+    }
+}
+
+/// The backend of a udp variant.
+pub fn udp_backend(uring: bool) -> uniplane_stacks::udp::Backend {
+    if uring {
+        uniplane_stacks::udp::Backend::IoUring
+    } else {
+        uniplane_stacks::udp::Backend::Epoll
+    }
+}
 
 /// Every stack name [`open_stack`] accepts.
 pub fn stack_names() -> Vec<&'static str> {
@@ -29,12 +52,13 @@ pub fn stack_names() -> Vec<&'static str> {
 
 /// A new instance of the stack called `name`.
 pub fn open_stack(name: &str) -> Result<Arc<dyn Stack>, BenchError> {
-    let stack = match name {
-        "udp-unpacked" => Some(Arc::new(UdpStack::with_config(UdpConfig {
-            pack: false,
+    let stack = match (name, udp_variant(name)) {
+        ("udp", _) | (_, None) => uniplane_stacks::by_name(name),
+        (_, Some((pack, uring))) => Some(Arc::new(UdpStack::with_config(UdpConfig {
+            pack,
+            backend: udp_backend(uring),
             ..UdpConfig::default()
         })) as Arc<dyn Stack>),
-        other => uniplane_stacks::by_name(other),
     };
     stack.ok_or_else(|| BenchError::UnknownStack {
         name: name.to_owned(),
@@ -72,7 +96,9 @@ pub fn default_endpoints(stack_name: &str) -> Result<Endpoints, BenchError> {
             std::process::id(),
             RUN.fetch_add(1, Ordering::Relaxed)
         )),
-        "udp" | "udp-unpacked" | "ltl" | "tcp" => Locator::Socket(free_port()?),
+        "udp" | "udp-unpacked" | "udp-uring" | "udp-unpacked-uring" | "ltl" | "tcp" => {
+            Locator::Socket(free_port()?)
+        }
         other => return Err(BenchError::NeedsLocator(other.to_owned())),
     };
     Ok(Endpoints {

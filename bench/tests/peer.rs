@@ -63,6 +63,7 @@ fn the_peer_command_reports_both_sides_and_the_ratio() {
     if !tool_available("iperf3", "iperf3") {
         return;
     }
+    let svg = std::env::temp_dir().join(format!("uniplane-bench-peer-{}.svg", std::process::id()));
     let out = bench(&[
         "peer",
         "--tool",
@@ -73,9 +74,15 @@ fn the_peer_command_reports_both_sides_and_the_ratio() {
         "1",
         "--rounds",
         "1",
+        "--plot",
+        svg.to_str().unwrap(),
         "--json",
     ]);
     let v = last_json(&out);
+    // The plot has both lines, the peer's beside ours.
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(plot.contains("iperf3 (peer)") && plot.contains("uniplane over mem"));
     assert_eq!(string(&v, "bench"), "peer");
     check_machine(&v);
     assert_eq!(string(&v, "results.metric"), "pps");
@@ -136,5 +143,102 @@ fn busy_polling_is_refused_for_throughput_peers() {
     fails_with(
         &["peer", "--tool", "iperf3", "--busy-poll"],
         "--tool sockperf",
+    );
+}
+
+#[cfg(feature = "dpdk")]
+#[test]
+fn testpmd_and_our_dpdk_transmit_side_by_side() {
+    if !tool_available("dpdk-testpmd", "dpdk-dev") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: DPDK's EAL needs root here");
+        return;
+    }
+    let v = last_json(&bench(&[
+        "peer",
+        "--tool",
+        "testpmd",
+        "--stack",
+        "dpdk",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "results.metric"), "pps");
+    assert_eq!(string(&v, "results.peer_tool"), "dpdk-testpmd");
+    assert_eq!(at(&v, "results.like_for_like").as_bool(), Some(true));
+    let ours = number(&v, "results.ours");
+    let peer = number(&v, "results.peer");
+    assert!(ours > 0.0 && peer > 0.0, "{ours} {peer}");
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    // testpmd's per-second samples, start-up left out.
+    assert!(!rounds[1]["detail"]["tx_pps_samples"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(rounds[0]["detail"]["frames"].as_u64().unwrap() > 0);
+}
+
+#[cfg(not(feature = "dpdk"))]
+#[test]
+fn testpmd_without_the_dpdk_feature_says_how_to_get_it() {
+    fails_with(
+        &["peer", "--tool", "testpmd", "--stack", "dpdk"],
+        "built without the `dpdk` feature",
+    );
+}
+
+#[test]
+fn testpmd_needs_the_dpdk_stack() {
+    fails_with(
+        &["peer", "--tool", "testpmd", "--stack", "udp"],
+        "use it with --stack dpdk",
+    );
+}
+
+#[test]
+fn trafgen_and_our_raw_ethernet_transmit_side_by_side() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !uniplane_netns::available() {
+        eprintln!("skipping: namespaces and a veth need root");
+        return;
+    }
+    if !tool_available("trafgen", "netsniff-ng") {
+        return;
+    }
+    let v = last_json(&bench(&[
+        "peer",
+        "--tool",
+        "trafgen",
+        "--stack",
+        "ether",
+        "--size",
+        "60",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "results.metric"), "pps");
+    assert_eq!(string(&v, "results.peer_tool"), "trafgen");
+    let ours = number(&v, "results.ours");
+    let peer = number(&v, "results.peer");
+    assert!(ours > 0.0 && peer > 0.0, "{ours} {peer}");
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    assert!(rounds[0]["detail"]["frames"].as_u64().unwrap() > 0);
+    assert!(rounds[1]["detail"]["packets"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn trafgen_needs_the_ether_stack() {
+    fails_with(
+        &["peer", "--tool", "trafgen", "--stack", "udp"],
+        "use it with --stack ether",
     );
 }

@@ -1,6 +1,8 @@
-//! Measures the RTL in co-simulation: zero-load latency, saturation
-//! throughput (all-to-one and uniform), and how closely weighted and
-//! strict-priority outputs share bytes. Prints one table per figure.
+//! Measures the RTL in co-simulation: zero-load latency, and how closely
+//! weighted and strict-priority outputs share bytes. Prints one table per
+//! figure. Saturation throughput (all-to-one and uniform, beats per cycle
+//! per output, beside the line rate and the head-of-line bound) is
+//! `uniplane-bench hw`, in a build with `--features rtl`.
 //!
 //! ```sh
 //! cargo run --release -p uniplane-hw-sim --example measure
@@ -11,7 +13,7 @@
 
 use bytes::Bytes;
 use uniplane_dataplane::sched::Policy;
-use uniplane_dataplane::{Message, SplitMix64, Uid};
+use uniplane_dataplane::{Message, Uid};
 use uniplane_hw_sim::{Model, RtlDevice, Stream, Traffic};
 use uniplane_overlay::acl::AclRule;
 use uniplane_overlay::table::Route;
@@ -102,32 +104,6 @@ fn saturate(
         .collect()
 }
 
-fn throughput(model: Model) {
-    for payload in [0usize, 64, 1500] {
-        let mut dev = device(model);
-        let n = dev.ports();
-        let senders: Vec<usize> = (1..n).collect();
-        let all_to_one = saturate(&mut dev, &senders, |_| payload, |_, _| 0, 20_000);
-
-        let mut dev = device(model);
-        let senders: Vec<usize> = (0..n).collect();
-        let mut rng = SplitMix64::new(7);
-        let uniform = saturate(
-            &mut dev,
-            &senders,
-            |_| payload,
-            |_, _| rng.below(n as u64) as usize,
-            20_000,
-        );
-        let mean = uniform.iter().sum::<f64>() / n as f64;
-        let min = uniform.iter().copied().fold(f64::MAX, f64::min);
-        println!(
-            "| {:?} | {:>5} B | {:.3} | {:.3} | {:.3} |",
-            model, payload, all_to_one[0], mean, min
-        );
-    }
-}
-
 fn shares(model: Model, policy: Policy, sizes: &[usize], want: &[f64], label: &str) {
     let mut dev = device(model);
     let n = dev.ports();
@@ -171,12 +147,6 @@ fn main() {
     println!("|---|---|---|---|");
     latency(Model::N4);
     latency(Model::N8);
-
-    println!("\n## Saturation throughput, beats per cycle per output (20 000 cycles)\n");
-    println!("| model | payload | all-to-one (N-1 inputs -> port 0) | uniform: mean | uniform: lowest output |");
-    println!("|---|---|---|---|---|");
-    throughput(Model::N4);
-    throughput(Model::N8);
 
     println!("\n## Byte shares of output 0, every input backlogged (40 000 cycles)\n");
     println!("| policy | payload per input | ideal | measured | max error |");

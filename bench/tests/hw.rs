@@ -1,0 +1,72 @@
+//! `hw`: the RTL crossbar in co-simulation (a build with `--features rtl`),
+//! and a clear refusal in a build without it.
+
+mod common;
+
+use common::*;
+
+#[cfg(feature = "rtl")]
+#[test]
+fn hw_reports_beats_per_cycle_per_output_beside_its_reference() {
+    let v = last_json(&bench(&[
+        "hw",
+        "--pattern",
+        "uniform",
+        "--size",
+        "1500",
+        "--cycles",
+        "4000",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "bench"), "hw");
+    check_machine(&v);
+    let per_output = at(&v, "results.beats_per_cycle").as_array().unwrap();
+    assert_eq!(per_output.len() as u64, count(&v, "results.ports"));
+    for b in per_output {
+        let b = b.as_f64().unwrap();
+        // An output moves at most one beat per cycle; under uniform load
+        // every output gets traffic.
+        assert!(b > 0.0 && b <= 1.0, "{b}");
+    }
+    assert_eq!(count(&v, "results.cycles"), 4000);
+    assert_eq!(count(&v, "results.beats_per_message"), 48);
+    assert!(count(&v, "results.messages_delivered") > 0);
+    assert!(number(&v, "results.reference.beats_per_cycle") < 0.7);
+    assert!(number(&v, "results.ratio") > 0.0);
+
+    let v = last_json(&bench(&[
+        "hw",
+        "--pattern",
+        "all-to-one",
+        "--size",
+        "64",
+        "--ports",
+        "8",
+        "--cycles",
+        "2000",
+        "--json",
+    ]));
+    let per_output = at(&v, "results.beats_per_cycle").as_array().unwrap();
+    assert_eq!(per_output.len(), 8);
+    // Only port 0 receives, and never faster than its line rate.
+    let out0 = per_output[0].as_f64().unwrap();
+    assert!(out0 > 0.0 && out0 <= 1.0, "{out0}");
+    assert!(per_output[1..].iter().all(|b| b.as_f64() == Some(0.0)));
+    assert_eq!(number(&v, "results.reference.beats_per_cycle"), 1.0);
+}
+
+#[cfg(feature = "rtl")]
+#[test]
+fn hw_refuses_what_the_rtl_is_not_built_for() {
+    fails_with(
+        &["hw", "--ports", "5"],
+        "--ports 5: the RTL is built with 4 or 8",
+    );
+    fails_with(&["hw", "--size", "100000"], "at most 9000 bytes");
+}
+
+#[cfg(not(feature = "rtl"))]
+#[test]
+fn hw_without_the_rtl_feature_says_how_to_get_it() {
+    fails_with(&["hw"], "built without the `rtl` feature");
+}
