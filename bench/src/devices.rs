@@ -593,6 +593,8 @@ fn port_rtt(cfg: &KernelRttConfig) -> Result<crate::hist::LatencyHistogram, Benc
             crate::path::WaitMode::Busy => KernelWait::Busy,
             crate::path::WaitMode::Park => KernelWait::Park,
         },
+        memory: 0,
+        dma: uniplane_services::config::DmaThresholds::default(),
     };
     let (mut port, _shared) = uniplane_services::devices::kernel::open("bench", config)
         .map_err(|e| BenchError::Config(e.to_string()))?;

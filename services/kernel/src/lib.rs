@@ -344,7 +344,9 @@ mod tests {
         let mut out = Collect::default();
         // 2,000 words from word 500: three read pieces.
         SumMemory32.on_request(5, &SumMemory32::request(2000, 8000), &mem, &mut out);
-        let want = words[500..2500].iter().fold(0u32, |a, w| a.wrapping_add(*w));
+        let want = words[500..2500]
+            .iter()
+            .fold(0u32, |a, w| a.wrapping_add(*w));
         assert_eq!(out.0, vec![(5, Ok(want.to_le_bytes().to_vec()))]);
     }
 
