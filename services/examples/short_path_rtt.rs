@@ -54,7 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             name: "echo".into(),
             mtu: Message::MAX_PAYLOAD,
         };
-        let e = engine.attach_io(device, devices::inline_port(DeviceKind::Echo, 0))?;
+        let e = engine.attach_io(device, devices::inline_port(DeviceKind::Echo, 0, None))?;
         for p in [a, e] {
             uniplane_overlay::ForwardingPlane::add_acl_rule(&mut engine, p, AclRule::ALLOW_ALL)?;
         }

@@ -51,7 +51,7 @@ async fn short_path(
         mtu: Message::MAX_PAYLOAD,
     };
     let e = engine
-        .attach_io(device, devices::inline_port(DeviceKind::Echo, 0))
+        .attach_io(device, devices::inline_port(DeviceKind::Echo, 0, None))
         .unwrap();
     for p in [a, e] {
         engine.add_acl_rule(p, AclRule::ALLOW_ALL).unwrap();
@@ -170,7 +170,7 @@ async fn a_port_attached_before_the_application_connects_carries_its_traffic_onc
         mtu: Message::MAX_PAYLOAD,
     };
     let e = engine
-        .attach_io(device, devices::inline_port(DeviceKind::Echo, 0))
+        .attach_io(device, devices::inline_port(DeviceKind::Echo, 0, None))
         .unwrap();
     for p in [a, e] {
         engine.add_acl_rule(p, AclRule::ALLOW_ALL).unwrap();
