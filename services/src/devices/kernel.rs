@@ -78,6 +78,11 @@ const CONNECT_CONN: u16 = 0;
 /// Overlay connections a kernel device tells apart at once; beyond, the
 /// oldest slot is reused.
 const KERNEL_CONNS: usize = 256;
+/// Requests a kernel device's host end keeps behind a DMA transfer in
+/// flight (as many one-sided requests as a transfer keeps in flight);
+/// beyond, the engine's queues hold them.
+const BEHIND_DMA: usize = crate::transfer::WINDOW;
+
 /// Largest frame: a header and the largest payload.
 const MAX_FRAME: usize = FRAME_HEADER_BYTES + Message::MAX_PAYLOAD;
 
@@ -576,6 +581,8 @@ pub struct KernelPort {
     dma: Option<DmaPath>,
     /// The one-sided request whose transfer is in flight.
     dma_request: Option<Message>,
+    /// Requests that came while a transfer was in flight, in order.
+    behind: VecDeque<Message>,
     /// Bytes of the kernel's memory the host end lets requests reach.
     memory_size: u64,
 }
@@ -639,6 +646,7 @@ pub fn open(
         memory_size: dma.as_ref().map_or(0, DmaPath::size),
         dma,
         dma_request: None,
+        behind: VecDeque::with_capacity(BEHIND_DMA),
     };
     let thread_shared = shared.clone();
     let handle = std::thread::Builder::new()
@@ -774,9 +782,16 @@ impl KernelPort {
             return;
         }
         self.failed_over = true;
-        if let Some(m) = self.dma_request.take() {
-            self.shared.stats.failed_requests.fetch_add(1, Relaxed);
-            self.ready.extend(m.error_answer(Status::PeerFailed));
+        for m in self
+            .dma_request
+            .take()
+            .into_iter()
+            .chain(self.behind.drain(..))
+        {
+            if let Some(a) = m.error_answer(Status::PeerFailed) {
+                self.shared.stats.failed_requests.fetch_add(1, Relaxed);
+                self.ready.push_back(a);
+            }
         }
         let held = self.held.take().map(|m| *m.header());
         for h in self.in_flight.drain(..).map(|w| w.header).chain(held) {
@@ -833,22 +848,47 @@ impl KernelPort {
         self.publish_waiting();
     }
 
-    /// Whether a one-sided transfer is in flight.
+    /// Whether a one-sided transfer is in flight or requests wait behind
+    /// one.
     fn dma_busy(&self) -> bool {
-        self.dma_request.is_some()
+        self.dma_request.is_some() || !self.behind.is_empty()
     }
 
     /// Polls the transfer in flight; once it ended, its answer joins
     /// `ready` (room was kept for it when it started).
+    ///
+    /// Then takes the requests that waited behind it, in order, until one
+    /// starts a transfer that is still in flight (small ones are often
+    /// done at once) or cannot be taken.
     fn drive_dma(&mut self) {
+        loop {
+            if self.dma_request.is_some() && !self.finish_transfer() {
+                return;
+            }
+            if self.held.is_some() || self.is_down() {
+                return;
+            }
+            let Some(m) = self.behind.pop_front() else {
+                return;
+            };
+            if let Err(m) = self.take(m) {
+                self.behind.push_front(m);
+                return;
+            }
+        }
+    }
+
+    /// Polls the transfer in flight: whether it ended (its answer is in
+    /// `ready`).
+    fn finish_transfer(&mut self) -> bool {
         let (Some(dma), Some(_)) = (self.dma.as_mut(), self.dma_request.as_ref()) else {
-            return;
+            return true;
         };
         let Some(end) = dma.poll() else {
-            return;
+            return false;
         };
         let Some(m) = self.dma_request.take() else {
-            return;
+            return true;
         };
         let outcome = match end {
             Ok(()) if m.kind() == ReqType::Read => {
@@ -876,13 +916,17 @@ impl KernelPort {
         }
         self.ready
             .extend(super::handle(DeviceKind::Kernel, &mut { outcome }, m));
+        true
     }
 
     /// Takes a one-sided request (WRTE, READ): refused outside the memory,
     /// answered at once when empty, else its DMA transfer starts. Gives
     /// `m` back while a transfer is in flight or no answer has room.
     fn one_sided(&mut self, m: Message) -> Result<(), Message> {
-        if self.dma_busy() || self.held.is_some() || self.ready.len() >= self.ready_capacity {
+        if self.dma_request.is_some()
+            || self.held.is_some()
+            || self.ready.len() >= self.ready_capacity
+        {
             return Err(m);
         }
         let h = m.header();
@@ -915,8 +959,6 @@ impl KernelPort {
         s.dma_modes[dma::mode_index(mode)].fetch_add(1, Relaxed);
         s.dma_bytes.fetch_add(len as u64, Relaxed);
         self.dma_request = Some(m);
-        // Small transfers are often done by now.
-        self.drive_dma();
         Ok(())
     }
 
@@ -1016,7 +1058,10 @@ impl PortIo for KernelPort {
         }
         self.retry_held();
         self.drive_dma();
-        if self.held.is_some() || self.dma_busy() {
+        if self.dma_busy() {
+            return BEHIND_DMA - self.behind.len();
+        }
+        if self.held.is_some() {
             return 0;
         }
         self.max_in_flight
@@ -1036,43 +1081,18 @@ impl PortIo for KernelPort {
             }
             return Ok(());
         }
-        let kind = m.header().request.kind();
-        let data = matches!(kind, ReqType::Send | ReqType::Push)
-            && !m.header().flags.contains(MsgFlags::ERROR)
-            && matches!(m.header().request.params(), Params::Port(_));
-        let one_sided = matches!(
-            (kind, m.header().request.params()),
-            (ReqType::Write, Params::Memory(_)) | (ReqType::Read, Params::Read(_))
-        ) && !m.header().flags.contains(MsgFlags::ERROR);
-        if one_sided {
-            return self.one_sided(m);
-        }
         if self.dma_busy() {
-            // Later requests wait behind the transfer in flight.
-            return Err(m);
-        }
-        if !data {
-            // Connection control and the rest: as any device with no
-            // memory answers them.
-            if kind == ReqType::Close {
-                self.forget_conn(m.header());
-            }
-            if self.ready.len() >= self.ready_capacity {
+            // Later requests wait behind the transfer in flight, in order.
+            if self.behind.len() >= BEHIND_DMA {
                 return Err(m);
             }
-            let mut none = super::Memory::new(0);
-            self.ready
-                .extend(super::handle(DeviceKind::Kernel, &mut none, m));
+            self.behind.push_back(m);
+            self.publish_waiting();
             return Ok(());
         }
-        if self.held.is_some() {
-            return Err(m);
-        }
-        if let Err(m) = self.try_send(m) {
-            self.held = Some(m);
-        }
-        self.publish_waiting();
-        Ok(())
+        let taken = self.take(m);
+        self.drive_dma();
+        taken
     }
 
     /// Rings the kernel thread, once per burst.
@@ -1102,6 +1122,47 @@ impl PortIo for KernelPort {
     /// `PeerFailed`.
     fn is_closed(&mut self) -> bool {
         false
+    }
+}
+
+impl KernelPort {
+    /// Takes `m` with no transfer in flight: a one-sided request starts
+    /// one, a message goes to the kernel (or is held back), the rest is
+    /// answered as a device without memory answers it.
+    fn take(&mut self, m: Message) -> Result<(), Message> {
+        let kind = m.header().request.kind();
+        let data = matches!(kind, ReqType::Send | ReqType::Push)
+            && !m.header().flags.contains(MsgFlags::ERROR)
+            && matches!(m.header().request.params(), Params::Port(_));
+        let one_sided = matches!(
+            (kind, m.header().request.params()),
+            (ReqType::Write, Params::Memory(_)) | (ReqType::Read, Params::Read(_))
+        ) && !m.header().flags.contains(MsgFlags::ERROR);
+        if one_sided {
+            return self.one_sided(m);
+        }
+        if !data {
+            // Connection control and the rest: as any device with no
+            // memory answers them.
+            if kind == ReqType::Close {
+                self.forget_conn(m.header());
+            }
+            if self.ready.len() >= self.ready_capacity {
+                return Err(m);
+            }
+            let mut none = super::Memory::new(0);
+            self.ready
+                .extend(super::handle(DeviceKind::Kernel, &mut none, m));
+            return Ok(());
+        }
+        if self.held.is_some() {
+            return Err(m);
+        }
+        if let Err(m) = self.try_send(m) {
+            self.held = Some(m);
+        }
+        self.publish_waiting();
+        Ok(())
     }
 }
 
@@ -1626,18 +1687,41 @@ mod tests {
     }
 
     #[test]
-    fn a_transfer_in_flight_holds_later_requests_back() {
-        let (mut port, _shared) = open(
-            "t",
-            with_memory(1 << 20, crate::config::DmaThresholds::default()),
-        )
-        .unwrap();
-        // Start a transfer without letting the port poll it.
+    fn requests_wait_in_order_behind_a_transfer_in_flight_and_then_the_engines_queues() {
+        let config = KernelDeviceConfig {
+            function: KernelFunction::Echo,
+            ..with_memory(1 << 20, crate::config::DmaThresholds::default())
+        };
+        let (mut port, _shared) = open("t", config).unwrap();
+        // A transfer that does not end until the test says so.
         port.dma_request = Some(write(0, vec![1; 8]));
-        assert_eq!(port.free(), 0);
-        let back = port.push(request(8, 1)).unwrap_err();
-        assert_eq!(back.header().seqnum, 1, "given back, not dropped");
-        assert!(port.push(write(64, vec![2; 8])).is_err());
+        port.push(request(8, 0)).unwrap();
+        for i in 1..BEHIND_DMA {
+            port.push(write(64 * i as u64, vec![i as u8; 8])).unwrap();
+        }
+        assert_eq!(port.free(), 0, "the port holds no more");
+        let back = port.push(request(8, 99)).unwrap_err();
+        assert_eq!(back.header().seqnum, 99, "given back, not dropped");
+        assert!(
+            port.pop().is_none(),
+            "nothing passed the transfer in flight"
+        );
+        port.dma_request = None;
+        port.flush();
+        let got = answers(&mut port, BEHIND_DMA);
+        let echoed: Vec<_> = got.iter().filter(|m| m.kind() == ReqType::Send).collect();
+        assert_eq!(echoed.len(), 1, "the message went to the kernel");
+        let written: Vec<u64> = got
+            .iter()
+            .filter(|m| m.kind() == ReqType::WriteCmpl)
+            .map(|m| match m.header().request.params() {
+                Params::Memory(p) => p.addr,
+                _ => u64::MAX,
+            })
+            .collect();
+        let want: Vec<u64> = (1..BEHIND_DMA as u64).map(|i| 64 * i).collect();
+        assert_eq!(written, want, "the writes, in order");
+        assert!(port.free() > 0);
     }
 
     #[test]
