@@ -664,8 +664,10 @@ fn dma_modes() -> Result<Value, BenchError> {
                 let deadline = t0 + Duration::from_secs(5);
                 loop {
                     match path.poll() {
-                        Some(Ok(())) => break,
-                        Some(Err(e)) => return Err(BenchError::Config(format!("{mode}: {e}"))),
+                        Some((_, Ok(()))) => break,
+                        Some((_, Err(e))) => {
+                            return Err(BenchError::Config(format!("{mode}: {e}")))
+                        }
                         None if Instant::now() > deadline => {
                             return Err(BenchError::Config(format!("{mode}: no completion")))
                         }

@@ -579,8 +579,8 @@ pub struct KernelPort {
     failed_over: bool,
     /// The kernel's memory behind its DMA engine (`memory` above 0).
     dma: Option<DmaPath>,
-    /// The one-sided request whose transfer is in flight.
-    dma_request: Option<Message>,
+    /// The one-sided requests whose transfers are in flight, oldest first.
+    dma_requests: VecDeque<Message>,
     /// Requests that came while a transfer was in flight, in order.
     behind: VecDeque<Message>,
     /// Bytes of the kernel's memory the host end lets requests reach.
@@ -645,7 +645,7 @@ pub fn open(
         failed_over: false,
         memory_size: dma.as_ref().map_or(0, DmaPath::size),
         dma,
-        dma_request: None,
+        dma_requests: VecDeque::with_capacity(dma::SLOTS),
         behind: VecDeque::with_capacity(BEHIND_DMA),
     };
     let thread_shared = shared.clone();
@@ -782,12 +782,8 @@ impl KernelPort {
             return;
         }
         self.failed_over = true;
-        for m in self
-            .dma_request
-            .take()
-            .into_iter()
-            .chain(self.behind.drain(..))
-        {
+        let in_flight = std::mem::take(&mut self.dma_requests);
+        for m in in_flight.into_iter().chain(self.behind.drain(..)) {
             if let Some(a) = m.error_answer(Status::PeerFailed) {
                 self.shared.stats.failed_requests.fetch_add(1, Relaxed);
                 self.ready.push_back(a);
@@ -851,21 +847,26 @@ impl KernelPort {
     /// Whether a one-sided transfer is in flight or requests wait behind
     /// one.
     fn dma_busy(&self) -> bool {
-        self.dma_request.is_some() || !self.behind.is_empty()
+        !self.dma_requests.is_empty() || !self.behind.is_empty()
     }
 
-    /// Polls the transfer in flight; once it ended, its answer joins
-    /// `ready` (room was kept for it when it started).
+    /// Polls the transfers in flight; those that ended have their answers
+    /// join `ready`, in the order they started (room was kept for them).
     ///
-    /// Then takes the requests that waited behind it, in order, until one
-    /// starts a transfer that is still in flight (small ones are often
-    /// done at once) or cannot be taken.
+    /// Then takes the requests that waited behind them, in order: one-sided
+    /// ones while the DMA path has a free slot, anything else once no
+    /// transfer is in flight (a message to the kernel finds the bytes
+    /// written before it in place).
     fn drive_dma(&mut self) {
         loop {
-            if self.dma_request.is_some() && !self.finish_transfer() {
+            while self.finish_transfer() {}
+            if self.held.is_some() || self.is_down() {
                 return;
             }
-            if self.held.is_some() || self.is_down() {
+            let Some(next) = self.behind.front() else {
+                return;
+            };
+            if !is_one_sided(next) && !self.dma_requests.is_empty() {
                 return;
             }
             let Some(m) = self.behind.pop_front() else {
@@ -878,17 +879,17 @@ impl KernelPort {
         }
     }
 
-    /// Polls the transfer in flight: whether it ended (its answer is in
-    /// `ready`).
+    /// Polls the transfers in flight: whether the oldest ended (its
+    /// answer is in `ready`).
     fn finish_transfer(&mut self) -> bool {
-        let (Some(dma), Some(_)) = (self.dma.as_mut(), self.dma_request.as_ref()) else {
-            return true;
-        };
-        let Some(end) = dma.poll() else {
+        let Some(dma) = self.dma.as_mut().filter(|_| !self.dma_requests.is_empty()) else {
             return false;
         };
-        let Some(m) = self.dma_request.take() else {
-            return true;
+        let Some((slot, end)) = dma.poll() else {
+            return false;
+        };
+        let Some(m) = self.dma_requests.pop_front() else {
+            return false;
         };
         let outcome = match end {
             Ok(()) if m.kind() == ReqType::Read => {
@@ -896,7 +897,7 @@ impl KernelPort {
                     Params::Read(p) => p.length as usize,
                     _ => 0,
                 };
-                Outcome::Read(dma.read_result(len))
+                Outcome::Read(dma.read_result(slot, len))
             }
             Ok(()) => Outcome::Written,
             Err(failure) => {
@@ -920,12 +921,11 @@ impl KernelPort {
     }
 
     /// Takes a one-sided request (WRTE, READ): refused outside the memory,
-    /// answered at once when empty, else its DMA transfer starts. Gives
-    /// `m` back while a transfer is in flight or no answer has room.
+    /// answered at once when empty (after the transfers in flight), else
+    /// its DMA transfer starts. Gives `m` back while it cannot be taken
+    /// yet: no free slot, answers before it to come, no room for its answer.
     fn one_sided(&mut self, m: Message) -> Result<(), Message> {
-        if self.dma_request.is_some()
-            || self.held.is_some()
-            || self.ready.len() >= self.ready_capacity
+        if self.held.is_some() || self.ready.len() + self.dma_requests.len() >= self.ready_capacity
         {
             return Err(m);
         }
@@ -940,6 +940,8 @@ impl KernelPort {
             .is_some_and(|end| end <= self.memory_size);
         let dma = match self.dma.as_mut() {
             Some(dma) if inside && len > 0 => dma,
+            // Answered in order: after the transfers in flight.
+            _ if !self.dma_requests.is_empty() => return Err(m),
             _ => {
                 let outcome = if !inside {
                     self.shared.stats.out_of_range.fetch_add(1, Relaxed);
@@ -954,11 +956,13 @@ impl KernelPort {
                 return Ok(());
             }
         };
-        let mode = dma.start(addr, len, data.then(|| m.payload().as_ref()));
+        let Some(mode) = dma.start(addr, len, data.then(|| m.payload().as_ref())) else {
+            return Err(m);
+        };
         let s = &self.shared.stats;
         s.dma_modes[dma::mode_index(mode)].fetch_add(1, Relaxed);
         s.dma_bytes.fetch_add(len as u64, Relaxed);
-        self.dma_request = Some(m);
+        self.dma_requests.push_back(m);
         Ok(())
     }
 
@@ -1036,7 +1040,7 @@ impl PortIo for KernelPort {
         if !self.ready.is_empty() {
             return Poll::Ready(true);
         }
-        if self.dma_busy() {
+        if !self.dma_requests.is_empty() {
             // Nothing wakes the engine when a DMA completes: poll again
             // soon (a transfer takes microseconds).
             cx.waker().wake_by_ref();
@@ -1087,7 +1091,7 @@ impl PortIo for KernelPort {
                 return Err(m);
             }
             self.behind.push_back(m);
-            self.publish_waiting();
+            self.drive_dma();
             return Ok(());
         }
         let taken = self.take(m);
@@ -1105,7 +1109,7 @@ impl PortIo for KernelPort {
         if self.free() > 0 {
             return Poll::Ready(Ok(()));
         }
-        if self.dma_busy() {
+        if !self.dma_requests.is_empty() {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
@@ -1134,11 +1138,7 @@ impl KernelPort {
         let data = matches!(kind, ReqType::Send | ReqType::Push)
             && !m.header().flags.contains(MsgFlags::ERROR)
             && matches!(m.header().request.params(), Params::Port(_));
-        let one_sided = matches!(
-            (kind, m.header().request.params()),
-            (ReqType::Write, Params::Memory(_)) | (ReqType::Read, Params::Read(_))
-        ) && !m.header().flags.contains(MsgFlags::ERROR);
-        if one_sided {
+        if is_one_sided(&m) {
             return self.one_sided(m);
         }
         if !data {
@@ -1164,6 +1164,15 @@ impl KernelPort {
         self.publish_waiting();
         Ok(())
     }
+}
+
+/// Whether `m` is a one-sided request (WRTE, READ) the DMA path carries.
+fn is_one_sided(m: &Message) -> bool {
+    let h = m.header();
+    matches!(
+        (h.request.kind(), h.request.params()),
+        (ReqType::Write, Params::Memory(_)) | (ReqType::Read, Params::Read(_))
+    ) && !h.flags.contains(MsgFlags::ERROR)
 }
 
 /// How a one-sided request ended, as the memory [`super::handle`] answers
@@ -1687,30 +1696,39 @@ mod tests {
     }
 
     #[test]
-    fn requests_wait_in_order_behind_a_transfer_in_flight_and_then_the_engines_queues() {
+    fn requests_wait_in_order_behind_transfers_in_flight_and_then_the_engines_queues() {
         let config = KernelDeviceConfig {
             function: KernelFunction::Echo,
             ..with_memory(1 << 20, crate::config::DmaThresholds::default())
         };
         let (mut port, _shared) = open("t", config).unwrap();
-        // A transfer that does not end until the test says so.
-        port.dma_request = Some(write(0, vec![1; 8]));
-        port.push(request(8, 0)).unwrap();
-        for i in 1..BEHIND_DMA {
-            port.push(write(64 * i as u64, vec![i as u8; 8])).unwrap();
+        // Transfers that do not end until the test says so.
+        port.dma.as_mut().unwrap().pause();
+        let n = dma::SLOTS + BEHIND_DMA;
+        for i in 0..n {
+            if i == dma::SLOTS {
+                port.push(request(8, 0)).unwrap();
+            } else {
+                port.push(write(64 * i as u64, vec![i as u8; 8])).unwrap();
+            }
         }
         assert_eq!(port.free(), 0, "the port holds no more");
+        assert_eq!(port.dma_requests.len(), dma::SLOTS, "every slot in flight");
         let back = port.push(request(8, 99)).unwrap_err();
         assert_eq!(back.header().seqnum, 99, "given back, not dropped");
         assert!(
             port.pop().is_none(),
-            "nothing passed the transfer in flight"
+            "nothing passed the transfers in flight"
         );
-        port.dma_request = None;
+        port.dma.as_mut().unwrap().resume();
         port.flush();
-        let got = answers(&mut port, BEHIND_DMA);
-        let echoed: Vec<_> = got.iter().filter(|m| m.kind() == ReqType::Send).collect();
-        assert_eq!(echoed.len(), 1, "the message went to the kernel");
+        let got = answers(&mut port, n);
+        let kinds: Vec<ReqType> = got.iter().map(Message::kind).collect();
+        let echo = kinds.iter().position(|k| *k == ReqType::Send).unwrap();
+        assert!(
+            echo >= dma::SLOTS,
+            "the message went after the writes before it"
+        );
         let written: Vec<u64> = got
             .iter()
             .filter(|m| m.kind() == ReqType::WriteCmpl)
@@ -1719,7 +1737,10 @@ mod tests {
                 _ => u64::MAX,
             })
             .collect();
-        let want: Vec<u64> = (1..BEHIND_DMA as u64).map(|i| 64 * i).collect();
+        let want: Vec<u64> = (0..n as u64)
+            .filter(|&i| i != dma::SLOTS as u64)
+            .map(|i| 64 * i)
+            .collect();
         assert_eq!(written, want, "the writes, in order");
         assert!(port.free() > 0);
     }

@@ -2,9 +2,9 @@
 //! host's one-sided writes and reads into and out of it.
 //!
 //! ```text
-//!  bus window 0: host staging (64 KiB)   ── one transfer's bytes, copied
-//!                                           in (WRTE) or out (READ) by the host end
-//!  bus window 2: host bounce (64 KiB)    ── the staged modes' middle stop
+//!  bus window 0: host staging (8 × 64 KiB) ── a slot per transfer in flight, copied
+//!                                             in (WRTE) or out (READ) by the host end
+//!  bus window 2: host bounce (8 × 64 KiB)  ── the staged modes' middle stop
 //!  bus window 1: kernel memory (`memory`) ── a `DeviceRegion`'s memory, which
 //!                                           the kernel thread reads
 //!
@@ -21,9 +21,11 @@
 //! its size ([`choose`], thresholds [`DmaThresholds`]). One DMA engine
 //! (a thread of `uniplane-shm`, sleeping on its doorbell when idle)
 //! performs the descriptors of both rings; the host end drives it without
-//! blocking: [`DmaPath::start`] copies the bytes into the staging and
-//! [`DmaPath::poll`] posts, rings and collects completions until the
-//! transfer is done. One transfer at a time: the staging holds one.
+//! blocking: [`DmaPath::start`] copies the bytes into a staging slot and
+//! [`DmaPath::poll`] posts, rings and collects completions, and reports
+//! the transfers' ends in the order they started. Up to [`SLOTS`]
+//! transfers are in flight at once, so the engine takes several per
+//! wake-up.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,14 +48,16 @@ const STAGING_WINDOW: u16 = 0;
 const KERNEL_WINDOW: u16 = 1;
 /// Bus window of the host's bounce buffer.
 const BOUNCE_WINDOW: u16 = 2;
-/// Bytes of the staging buffer (and of the bounce buffer): one message.
+/// Bytes of a staging slot (and of a bounce slot): one message.
 const STAGING_BYTES: usize = (Message::MAX_PAYLOAD + 1).next_power_of_two();
+/// Transfers in flight at once, each with a staging and a bounce slot.
+pub const SLOTS: usize = 8;
 /// Bytes per chunk in `staged-pipelined`.
 pub const CHUNK_BYTES: usize = 16 << 10;
 /// Most chunks a transfer has: each has a bounce slot of its own.
 const MAX_CHUNKS: usize = STAGING_BYTES / CHUNK_BYTES;
-/// Descriptors per ring: a transfer's chunks fit at once.
-const RING_DEPTH: usize = 16;
+/// Descriptors per ring: every chunk of every slot fits at once.
+const RING_DEPTH: usize = SLOTS * MAX_CHUNKS * 2;
 /// The engine moves any byte range (the emulated kernel's memory is
 /// byte-addressed): one word per byte, no alignment.
 const LIMITS: DmaLimits = DmaLimits {
@@ -133,6 +137,8 @@ struct Hop {
 #[derive(Debug)]
 struct Job {
     mode: TransferMode,
+    /// Its staging and bounce slot.
+    slot: usize,
     /// Host to kernel (WRTE) or kernel to host (READ).
     write: bool,
     addr: u64,
@@ -159,8 +165,9 @@ impl Job {
         let at = chunk * self.chunk;
         let n = (self.len - at).min(self.chunk);
         let kernel = bus_addr(KERNEL_WINDOW, self.addr + at as u64);
-        let staging = bus_addr(STAGING_WINDOW, at as u64);
-        let bounce = bus_addr(BOUNCE_WINDOW, at as u64);
+        let base = (self.slot * STAGING_BYTES + at) as u64;
+        let staging = bus_addr(STAGING_WINDOW, base);
+        let bounce = bus_addr(BOUNCE_WINDOW, base);
         let (from, to) = if self.write {
             (staging, kernel)
         } else {
@@ -197,7 +204,33 @@ impl Job {
         self.posted[usize::from(self.two_hops())] == self.chunks
             && last[..self.chunks].iter().all(|h| h.done)
     }
+
+    /// Whether every hop posted has completed.
+    fn settled(&self) -> bool {
+        self.first[..self.posted[0]].iter().all(|h| h.done)
+            && self.second[..self.posted[1]].iter().all(|h| h.done)
+    }
+
+    /// Marks the hop posted with `id` done; whether it was this job's.
+    fn complete(&mut self, id: u32) -> bool {
+        let n = self.posted;
+        let hop = self.first[..n[0]]
+            .iter_mut()
+            .chain(self.second[..n[1]].iter_mut())
+            .find(|h| h.id == id && !h.done);
+        match hop {
+            Some(h) => {
+                h.done = true;
+                true
+            }
+            None => false,
+        }
+    }
 }
+
+/// How a transfer ended: its slot (for [`DmaPath::read_result`]) and
+/// whether it failed.
+pub type TransferEnd = (usize, Result<(), DmaFailure>);
 
 /// A kernel device's memory behind its DMA engine, driven by the host end.
 pub struct DmaPath {
@@ -206,16 +239,22 @@ pub struct DmaPath {
     driver: DmaDriver,
     thresholds: DmaThresholds,
     timeout: Duration,
-    job: Option<Job>,
+    /// Transfers in flight, in the order they started.
+    jobs: std::collections::VecDeque<Job>,
+    next_slot: usize,
     completions: Vec<Completion>,
-    _engine: EngineHandle,
+    /// The engine's thread, stopped when the path is dropped.
+    _engine: Option<EngineHandle>,
+    /// The engine while a test holds it stopped.
+    #[cfg(test)]
+    paused: Option<DmaEngine>,
 }
 
 impl std::fmt::Debug for DmaPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DmaPath")
             .field("memory", &self.device.layout().memory_bytes)
-            .field("job", &self.job)
+            .field("jobs", &self.jobs.len())
             .finish_non_exhaustive()
     }
 }
@@ -236,12 +275,13 @@ impl DmaPath {
             ring_depth: RING_DEPTH,
         })
         .map_err(|e| format!("kernel memory: {e}"))?;
-        let host = SharedMemory::create(&memfd_name("kernel-staging"), 2 * STAGING_BYTES)
+        let slots = SLOTS * STAGING_BYTES;
+        let host = SharedMemory::create(&memfd_name("kernel-staging"), 2 * slots)
             .map_err(|e| format!("kernel staging: {e}"))?;
         let host = Arc::new(host);
         let mut bus = Bus::new();
-        bus.map(STAGING_WINDOW, host.clone(), 0, STAGING_BYTES);
-        bus.map(BOUNCE_WINDOW, host.clone(), STAGING_BYTES, STAGING_BYTES);
+        bus.map(STAGING_WINDOW, host.clone(), 0, slots);
+        bus.map(BOUNCE_WINDOW, host.clone(), slots, slots);
         bus.map_device(KERNEL_WINDOW, &device);
         let engine = DmaEngine::new(device.clone(), bus)
             .with_limits(LIMITS)
@@ -252,9 +292,12 @@ impl DmaPath {
             host,
             thresholds,
             timeout,
-            job: None,
+            jobs: std::collections::VecDeque::with_capacity(SLOTS),
+            next_slot: 0,
             completions: Vec::with_capacity(2 * RING_DEPTH),
-            _engine: engine,
+            _engine: Some(engine),
+            #[cfg(test)]
+            paused: None,
         })
     }
 
@@ -270,25 +313,36 @@ impl DmaPath {
 
     /// Whether a transfer is in flight.
     pub fn busy(&self) -> bool {
-        self.job.is_some()
+        !self.jobs.is_empty()
+    }
+
+    /// Whether another transfer can start now.
+    pub fn can_start(&self) -> bool {
+        self.jobs.len() < SLOTS
     }
 
     /// Starts writing `data` (1 to 64 KiB - 1 bytes) at `addr` (READ:
-    /// `data` is `None` and `len` bytes are read): the mode it takes.
-    /// The caller checked the range; one transfer at a time.
-    pub fn start(&mut self, addr: u64, len: usize, data: Option<&[u8]>) -> TransferMode {
-        debug_assert!(self.job.is_none() && len > 0 && len <= STAGING_BYTES);
+    /// `data` is `None` and `len` bytes are read): the mode it takes, or
+    /// `None` when [`SLOTS`] transfers are in flight. The caller checked
+    /// the range.
+    pub fn start(&mut self, addr: u64, len: usize, data: Option<&[u8]>) -> Option<TransferMode> {
+        if !self.can_start() || len == 0 || len > STAGING_BYTES {
+            return None;
+        }
         let mode = choose(&self.thresholds, len);
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % SLOTS;
         if let Some(data) = data {
-            self.host.write(0, data);
+            self.host.write(slot * STAGING_BYTES, data);
         }
         let chunk = if mode == TransferMode::StagedPipelined {
             CHUNK_BYTES
         } else {
             STAGING_BYTES
         };
-        self.job = Some(Job {
+        self.jobs.push_back(Job {
             mode,
+            slot,
             write: data.is_some(),
             addr,
             len,
@@ -300,44 +354,53 @@ impl DmaPath {
             failed: None,
             deadline: Instant::now() + self.timeout,
         });
-        self.poll();
-        mode
+        self.post();
+        Some(mode)
     }
 
-    /// Drives the transfer in flight: `None` while it goes on, then its
-    /// end (once; the path is free again).
-    pub fn poll(&mut self) -> Option<Result<(), DmaFailure>> {
-        let job = self.job.as_mut()?;
-        // Completions first: they free second hops to post.
+    /// Drives the transfers in flight: the end of the oldest once it
+    /// ended (its slot is free again), else `None`.
+    pub fn poll(&mut self) -> Option<TransferEnd> {
+        self.collect();
+        self.post();
+        let job = self.jobs.front()?;
+        let end = match job.failed {
+            Some(status) if job.settled() => Err(DmaFailure::Status(status)),
+            None if job.finished() => Ok(()),
+            _ if Instant::now() > job.deadline => Err(DmaFailure::Timeout),
+            _ => return None,
+        };
+        let slot = job.slot;
+        self.jobs.pop_front();
+        Some((slot, end))
+    }
+
+    /// Takes the completions the engine published into the jobs.
+    fn collect(&mut self) {
         self.completions.clear();
-        if self.driver.poll_completions(&mut self.completions) > 0 {
-            for c in &self.completions {
-                let n = job.posted;
-                let hop = job.first[..n[0]]
-                    .iter_mut()
-                    .chain(job.second[..n[1]].iter_mut())
-                    .find(|h| h.id == c.id && !h.done);
-                if let Some(h) = hop {
-                    h.done = true;
-                }
+        if self.driver.poll_completions(&mut self.completions) == 0 {
+            return;
+        }
+        let now = Instant::now();
+        for c in &self.completions {
+            if let Some(job) = self
+                .jobs
+                .iter_mut()
+                .find_map(|j| j.complete(c.id).then_some(j))
+            {
                 if c.status != DmaStatus::Ok {
                     job.failed.get_or_insert(c.status);
                 }
-                job.deadline = Instant::now() + self.timeout;
+                job.deadline = now + self.timeout;
             }
         }
-        if let Some(status) = job.failed {
-            if self.driver.outstanding() == 0 {
-                self.job = None;
-                return Some(Err(DmaFailure::Status(status)));
-            }
-        } else if job.finished() {
-            self.job = None;
-            return Some(Ok(()));
-        } else {
-            // First hops as the ring takes them; a chunk's second hop once
-            // its first landed in the bounce buffer.
-            let mut rang = [false; 2];
+    }
+
+    /// Posts what can go: first hops as the rings take them, a chunk's
+    /// second hop once its first landed in the bounce slot; then rings.
+    fn post(&mut self) {
+        let mut rang = [false; 2];
+        for job in self.jobs.iter_mut().filter(|j| j.failed.is_none()) {
             for second in [false, true] {
                 let s = usize::from(second);
                 if second && !job.two_hops() {
@@ -359,23 +422,35 @@ impl DmaPath {
                     rang[ring as usize] = true;
                 }
             }
-            for ring in Direction::ALL {
-                if rang[ring as usize] {
-                    self.driver.ring_doorbell(ring);
-                }
+        }
+        for ring in Direction::ALL {
+            if rang[ring as usize] {
+                self.driver.ring_doorbell(ring);
             }
         }
-        if Instant::now() > job.deadline {
-            self.job = None;
-            return Some(Err(DmaFailure::Timeout));
-        }
-        None
     }
 
-    /// The `len` bytes a READ just finished put in the staging buffer.
-    pub fn read_result(&self, len: usize) -> Bytes {
+    /// Stops the engine (a test holds transfers in flight).
+    #[cfg(test)]
+    pub fn pause(&mut self) {
+        self.paused = self._engine.take().and_then(EngineHandle::stop);
+    }
+
+    /// Starts the engine stopped by [`DmaPath::pause`] again.
+    #[cfg(test)]
+    pub fn resume(&mut self) {
+        if let Some(engine) = self.paused.take() {
+            self.device
+                .register(uniplane_shm::device::reg::SHUTDOWN)
+                .store(0, std::sync::atomic::Ordering::SeqCst);
+            self._engine = Some(engine.spawn());
+        }
+    }
+
+    /// The `len` bytes a READ that just ended put in staging `slot`.
+    pub fn read_result(&self, slot: usize, len: usize) -> Bytes {
         let mut out = BytesMut::with_capacity(len);
-        self.host.read_into(0, len, &mut out);
+        self.host.read_into(slot * STAGING_BYTES, len, &mut out);
         out.freeze()
     }
 }
@@ -416,6 +491,11 @@ mod tests {
 
     /// Drives `path` until its transfer ends (bounded).
     fn finish(path: &mut DmaPath) -> Result<(), DmaFailure> {
+        finish_slot(path).1
+    }
+
+    /// Drives `path` until its oldest transfer ends (bounded).
+    fn finish_slot(path: &mut DmaPath) -> TransferEnd {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(end) = path.poll() {
@@ -441,19 +521,54 @@ mod tests {
             for (i, len) in sizes.into_iter().enumerate() {
                 let addr = (i * 70_001 + k * 3) as u64;
                 let data: Vec<u8> = (0..len).map(|b| (b * 13 + i + k) as u8).collect();
-                assert_eq!(path.start(addr, len, Some(&data)), want);
+                assert_eq!(path.start(addr, len, Some(&data)), Some(want));
                 assert!(path.busy());
                 finish(&mut path).unwrap_or_else(|e| panic!("{want} {len}: {e}"));
                 let mut seen = vec![0u8; len];
                 assert!(memory.read(addr, &mut seen));
                 assert!(seen == data, "{want}: {len} bytes written differently");
-                assert_eq!(path.start(addr, len, None), want);
-                finish(&mut path).unwrap();
+                assert_eq!(path.start(addr, len, None), Some(want));
+                let (slot, end) = finish_slot(&mut path);
+                end.unwrap();
                 assert!(
-                    path.read_result(len) == data,
+                    path.read_result(slot, len) == data,
                     "{want}: {len} bytes read back"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn transfers_in_flight_end_in_the_order_they_started_each_in_its_slot() {
+        let t = thresholds(1000, 5000, 20_000);
+        let mut path = DmaPath::new("t", 1 << 20, t, Duration::from_secs(5)).unwrap();
+        path.pause();
+        let sizes = [65_535usize, 4, 3000, 10_000, 30_000, 8, 65_535, 100];
+        for (i, len) in sizes.into_iter().enumerate() {
+            let data = vec![i as u8 + 1; len];
+            assert!(path.start((i as u64) << 16, len, Some(&data)).is_some());
+        }
+        assert!(
+            !path.can_start() && path.start(0, 4, None).is_none(),
+            "slots full"
+        );
+        assert!(
+            path.poll().is_none(),
+            "nothing moves with the engine stopped"
+        );
+        path.resume();
+        let mut ended = Vec::new();
+        while ended.len() < SLOTS {
+            let (slot, end) = finish_slot(&mut path);
+            end.unwrap();
+            ended.push(slot);
+        }
+        assert_eq!(ended, (0..SLOTS).collect::<Vec<_>>());
+        let memory = path.memory();
+        for (i, len) in sizes.into_iter().enumerate() {
+            let mut seen = vec![0u8; len];
+            assert!(memory.read((i as u64) << 16, &mut seen));
+            assert!(seen.iter().all(|&b| b == i as u8 + 1), "transfer {i}");
         }
     }
 
