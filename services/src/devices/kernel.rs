@@ -39,10 +39,13 @@
 //! staged-pipelined — chosen per transfer by its size), and the kernel
 //! reads that memory ([`uniplane_kernel::Kernel::on_request`]). The host
 //! end checks the range first (outside: `OutOfRange`, nothing written),
-//! starts the transfer and polls its completions from the engine's
-//! thread; while one is in flight the port takes nothing more (its
-//! [`PortIo::free`] is 0: the engine's queues hold later requests). The
-//! answers are the host memory device's ([`super::handle`]); a DMA
+//! starts the transfer (up to [`dma::SLOTS`] in flight) and polls the
+//! completions from the engine's thread, answering in the order the
+//! transfers started. Later requests wait behind them in order (up to
+//! a client's transfer window; then [`PortIo::free`] is 0 and the
+//! engine's queues hold the rest): one-sided ones as slots free up,
+//! messages once no transfer is in flight. The answers are the host
+//! memory device's ([`super::handle`]); a DMA
 //! error completion answers `PeerFailed` and marks the device down. A
 //! kernel without memory answers every non-empty one-sided request
 //! `OutOfRange`.
