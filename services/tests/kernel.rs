@@ -694,3 +694,65 @@ async fn the_cli_writes_a_file_into_a_kernels_memory_and_reads_it_back_by_messag
     assert!(d["dma"]["writes"].as_u64() >= Some(4), "{d}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernels_messages_go_on_while_one_sided_transfers_run_beside_them() {
+    const MEMORY: usize = 4 << 20;
+    let dir = runtime("dma-beside");
+    let (_daemon, client) = embedded(config(&[memory_kernel(2, MEMORY)]), &dir)
+        .await
+        .unwrap();
+    let session = app(&dir).await;
+    // A range the kernel sums, written first and left alone.
+    let fixed = Rng(3).bytes(64 << 10);
+    transfer::write(
+        &session,
+        memory_at(2, 0),
+        Bytes::from(fixed.clone()),
+        65_535,
+    )
+    .await
+    .unwrap();
+    let want = sum32(&fixed).to_le_bytes();
+    let mut conn = session.connect(at(2)).await.unwrap();
+    let sums = async {
+        for i in 0..300 {
+            let range = uniplane_kernel::SumMemory32::request(0, fixed.len() as u64);
+            conn.send_bytes(Bytes::copy_from_slice(&range))
+                .await
+                .unwrap();
+            let answer = tokio::time::timeout(Duration::from_secs(10), conn.recv())
+                .await
+                .unwrap_or_else(|_| panic!("sum {i}: no answer"))
+                .unwrap()
+                .unwrap();
+            assert_eq!(answer.payload().as_ref(), want, "sum {i}");
+        }
+    };
+    // Meanwhile, transfers into the rest of the memory, checked.
+    let transfers = async {
+        let mut rng = Rng(5);
+        for i in 0..20u64 {
+            let len = 100_000 + rng.next() as usize % 900_000;
+            let addr = (1 << 20) + rng.next() % (MEMORY as u64 - (1 << 20) - len as u64);
+            let data = rng.bytes(len);
+            transfer::write(
+                &session,
+                memory_at(2, addr),
+                Bytes::from(data.clone()),
+                65_535,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+            let back = transfer::read(&session, memory_at(2, addr), len as u64, 65_535)
+                .await
+                .unwrap();
+            assert!(back == data, "transfer {i} read back differently");
+        }
+    };
+    tokio::join!(sums, transfers);
+    let d = device(&client, "k2").await;
+    assert_eq!(d["state"], "up", "{d}");
+    assert!(d["dma"]["reads"].as_u64() > Some(20), "{d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
