@@ -508,14 +508,16 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
          [engine]\nmode = \"{engine}\"\n\n\
          [[devices]]\nname = \"kernel\"\nkind = \"kernel\"\ndevice = {MEASURED}\n\
          backend = \"emulated\"\nfunction = \"echo\"\nwait = \"{kernel}\"\n\n\
-         [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = {INLINE_ECHO}\n"
+         [[devices]]\nname = \"echo\"\nkind = \"echo\"\ndevice = {INLINE_ECHO}\n\n\
+         [[devices]]\nname = \"kmem\"\nkind = \"kernel\"\ndevice = {KERNEL_MEMORY}\n\
+         backend = \"emulated\"\nfunction = \"sum32-memory\"\nmemory = {DMA_BYTES}\n"
     );
     let mut config = uniplane_services::Config::parse(&text, "devices")
         .map_err(|e| BenchError::Config(format!("the daemon's configuration: {e}")))?;
     config.runtime_dir = Some(dir.to_owned());
     let threshold = config.devices[0].kernel.map_or(0, |k| k.pio_threshold);
     let rt = daemon_runtime()?;
-    let (hist, echo_hist, counters) = rt.block_on(async {
+    let (hist, echo_hist, counters, one_sided) = rt.block_on(async {
         let (_daemon, client) = uniplane_services::client::embedded(config, dir)
             .await
             .map_err(|e| BenchError::Config(format!("the daemon: {e}")))?;
@@ -553,15 +555,18 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
         }
         let echo_hist = hists.pop().unwrap_or_default();
         let hist = hists.pop().unwrap_or_default();
+        let one_sided = kernel_one_sided(&session).await?;
         let status = client
             .request(&uniplane_services::control::Request::Status)
             .await
             .map_err(client_err)?;
-        Ok::<_, BenchError>((hist, echo_hist, status["devices"][0].clone()))
+        Ok::<_, BenchError>((hist, echo_hist, status["devices"][0].clone(), one_sided))
     })?;
     drop(rt);
     let port = port_rtt(cfg)?;
     let mailbox = mailbox_rtt(cfg, threshold)?;
+    let (cw, cr) = memcpy_peer(DMA_BYTES, DMA_ROUNDS);
+    let modes = dma_modes()?;
     Ok(json!({
         "backend": "emulated",
         "function": "echo",
@@ -575,7 +580,110 @@ fn measure_kernel(cfg: &KernelRttConfig, dir: &Path) -> Result<Value, BenchError
         "port_rtt_ns": port.percentiles(),
         "mailbox_rtt_ns": mailbox.percentiles(),
         "device_counters": counters,
+        "dma": {
+            "bytes": DMA_BYTES,
+            "gbytes_per_sec": { "write": one_sided.0, "read": one_sided.1 },
+            "memcpy_gbytes_per_sec": { "write": cw, "read": cr },
+            "ratio": { "write": one_sided.0 / cw, "read": one_sided.1 / cr },
+            "mode_write_ns": modes,
+        },
     }))
+}
+
+/// The device number of the kernel with memory.
+const KERNEL_MEMORY: u16 = 6;
+/// Bytes written into (and read back from) the kernel's memory per round.
+const DMA_BYTES: usize = 4 << 20;
+/// Timed rounds of the one-sided figures (the median is reported).
+const DMA_ROUNDS: usize = 7;
+/// Transfer sizes of the per-mode sweep.
+const DMA_SWEEP: [usize; 6] = [4, 256, 4096, 16384, 32768, Message::MAX_PAYLOAD];
+
+/// `DMA_BYTES` written into the kernel's memory one-sided and read back,
+/// in messages of the largest payload (as `uniplane write --file`), the
+/// bytes checked: GB/s of payload each way (median of the rounds).
+async fn kernel_one_sided(session: &Session) -> Result<(f64, f64), BenchError> {
+    let at: MemoryAddress = format!("127.0.0.1:{KERNEL_MEMORY}@0")
+        .parse()
+        .map_err(|e| BenchError::Config(format!("kernel memory address: {e}")))?;
+    let data = Bytes::from(pattern(DMA_BYTES));
+    let mut back = vec![0u8; DMA_BYTES];
+    let (mut w, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..DMA_ROUNDS {
+        let t = Instant::now();
+        transfer::write(session, at, data.clone(), Message::MAX_PAYLOAD)
+            .await
+            .map_err(client_err)?;
+        w.push(gbytes_per_sec(DMA_BYTES, t.elapsed()));
+        let t = Instant::now();
+        transfer::read_into(session, at, &mut back, Message::MAX_PAYLOAD)
+            .await
+            .map_err(client_err)?;
+        r.push(gbytes_per_sec(DMA_BYTES, t.elapsed()));
+        if back != data {
+            return Err(BenchError::Config(
+                "the kernel's memory read back differently".into(),
+            ));
+        }
+    }
+    Ok((median(w), median(r)))
+}
+
+/// One write of each size in [`DMA_SWEEP`] through a kernel's DMA path
+/// driven directly (copy into the staging, descriptors, completions), in
+/// each mode: median nanoseconds, per mode and size — what the default
+/// thresholds of `DmaThresholds` are set from.
+fn dma_modes() -> Result<Value, BenchError> {
+    use uniplane_services::config::DmaThresholds;
+    use uniplane_services::devices::kernel::dma::DmaPath;
+    use uniplane_shm::p2p::TransferMode;
+    let mut out = serde_json::Map::new();
+    for mode in TransferMode::ALL {
+        // The thresholds that make `mode` the choice at every size.
+        let t = |n: usize| if n == 0 { 0 } else { 1 << 16 };
+        let (pull, staged, pipelined) = match mode {
+            TransferMode::Push => (1, 1, 1),
+            TransferMode::Pull => (0, 1, 1),
+            TransferMode::Staged => (0, 0, 1),
+            TransferMode::StagedPipelined => (0, 0, 0),
+        };
+        let thresholds = DmaThresholds {
+            pull_from: t(pull),
+            staged_from: t(staged),
+            pipelined_from: t(pipelined),
+        };
+        let mut path = DmaPath::new("bench", 1 << 20, thresholds, Duration::from_secs(5))
+            .map_err(BenchError::Config)?;
+        let mut row = serde_json::Map::new();
+        for size in DMA_SWEEP {
+            let data = pattern(size);
+            let mut ns = Vec::new();
+            for i in 0..2000 {
+                let t0 = Instant::now();
+                path.start(0, size, Some(&data));
+                let deadline = t0 + Duration::from_secs(5);
+                loop {
+                    match path.poll() {
+                        Some((_, Ok(()))) => break,
+                        Some((_, Err(e))) => {
+                            return Err(BenchError::Config(format!("{mode}: {e}")))
+                        }
+                        None if Instant::now() > deadline => {
+                            return Err(BenchError::Config(format!("{mode}: no completion")))
+                        }
+                        // Yield: the engine's thread may share this core.
+                        None => std::thread::yield_now(),
+                    }
+                }
+                if i >= 500 {
+                    ns.push(t0.elapsed().as_nanos() as f64);
+                }
+            }
+            row.insert(size.to_string(), json!(median(ns)));
+        }
+        out.insert(mode.name().to_owned(), Value::Object(row));
+    }
+    Ok(Value::Object(out))
 }
 
 /// Round trips through a kernel device's host end driven directly from
@@ -593,6 +701,8 @@ fn port_rtt(cfg: &KernelRttConfig) -> Result<crate::hist::LatencyHistogram, Benc
             crate::path::WaitMode::Busy => KernelWait::Busy,
             crate::path::WaitMode::Park => KernelWait::Park,
         },
+        memory: 0,
+        dma: uniplane_services::config::DmaThresholds::default(),
     };
     let (mut port, _shared) = uniplane_services::devices::kernel::open("bench", config)
         .map_err(|e| BenchError::Config(e.to_string()))?;

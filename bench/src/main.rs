@@ -2258,6 +2258,17 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
          device, same path without the kernel; port: the kernel's host end driven \
          directly; mailbox: the PIO mailbox alone)"
     );
+    let d = &r["dma"];
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    println!(
+        "  one-sided 4 MiB into the kernel's memory by DMA: write {:.2} GB/s ({:.2}× memcpy), \
+         read {:.2} GB/s ({:.2}× memcpy)",
+        f(&d["gbytes_per_sec"]["write"]),
+        f(&d["ratio"]["write"]),
+        f(&d["gbytes_per_sec"]["read"]),
+        f(&d["ratio"]["read"]),
+    );
+    println!("  DMA write by mode, median ns: {}", d["mode_write_ns"]);
     let params = json!({
         "backend": a.backend, "size": size, "wait": a.wait, "count": cfg.count,
     });

@@ -133,6 +133,9 @@ struct RawDevice {
     tokens: Option<Spanned<i64>>,
     stall_timeout_ms: Option<Spanned<i64>>,
     wait: Option<Spanned<String>>,
+    dma_pull_from: Option<Spanned<i64>>,
+    dma_staged_from: Option<Spanned<i64>>,
+    dma_pipelined_from: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -376,6 +379,45 @@ pub struct KernelDeviceConfig {
     pub stall_timeout_ms: u64,
     /// How the kernel thread waits for work.
     pub wait: KernelWait,
+    /// Bytes of device memory (`memory`), written and read one-sided
+    /// through the emulated DMA engine; 0: none (every one-sided request
+    /// is out of range).
+    pub memory: usize,
+    /// Which DMA mode a one-sided transfer of a given size takes.
+    pub dma: DmaThresholds,
+}
+
+/// The sizes from which a kernel device's one-sided transfers take each
+/// DMA mode of `uniplane_shm::p2p::TransferMode` (`dma_pull_from`,
+/// `dma_staged_from`, `dma_pipelined_from`): a transfer of `n` bytes is
+/// staged-pipelined when `n >= pipelined_from`, else staged when
+/// `n >= staged_from`, else pull when `n >= pull_from`, else push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaThresholds {
+    /// Bytes from which a transfer is pulled (the other side's ring).
+    pub pull_from: usize,
+    /// Bytes from which a transfer goes through a host bounce buffer.
+    pub staged_from: usize,
+    /// Bytes from which it goes through bounce slots in chunks.
+    pub pipelined_from: usize,
+}
+
+/// A threshold that no one-sided transfer reaches (the largest payload
+/// is 64 KiB - 1).
+pub const DMA_NEVER: usize = uniplane_dataplane::Message::MAX_PAYLOAD + 1;
+
+impl Default for DmaThresholds {
+    /// Push at every size: measured with `uniplane-bench devices --backend
+    /// emulated --size 65535` (`results.dma`), push is the fastest mode
+    /// from 4 B to 64 KiB at memory speed — one descriptor, posted writes;
+    /// the staged modes copy every byte twice (`docs/daemon.md`).
+    fn default() -> Self {
+        DmaThresholds {
+            pull_from: DMA_NEVER,
+            staged_from: DMA_NEVER,
+            pipelined_from: DMA_NEVER,
+        }
+    }
 }
 
 /// What a kernel device computes (`function = …`).
@@ -385,6 +427,9 @@ pub enum KernelFunction {
     Echo,
     /// Answers the wrapping sum of the payload's little-endian `u32`s.
     Sum32,
+    /// Answers the wrapping sum of the little-endian `u32`s in a range of
+    /// its device memory (payload: address and length, `u64` LE each).
+    SumMemory32,
     /// For failure tests: never takes a message, so tokens and slots run
     /// out and the device must be declared stalled.
     Stall,
@@ -400,6 +445,7 @@ impl KernelFunction {
         match self {
             KernelFunction::Echo => "echo",
             KernelFunction::Sum32 => "sum32",
+            KernelFunction::SumMemory32 => "sum32-memory",
             KernelFunction::Stall => "stall",
             KernelFunction::Panic => "panic",
             KernelFunction::Garbage => "garbage",
@@ -1313,6 +1359,15 @@ fn kernel_device(
             d.stall_timeout_ms.as_ref().map(|v| v.span()),
         ),
         ("wait", d.wait.as_ref().map(|v| v.span())),
+        ("dma_pull_from", d.dma_pull_from.as_ref().map(|v| v.span())),
+        (
+            "dma_staged_from",
+            d.dma_staged_from.as_ref().map(|v| v.span()),
+        ),
+        (
+            "dma_pipelined_from",
+            d.dma_pipelined_from.as_ref().map(|v| v.span()),
+        ),
     ];
     if kind != DeviceKind::Kernel {
         if let Some((field, Some(span))) = kernel_only.into_iter().find(|(_, s)| s.is_some()) {
@@ -1358,11 +1413,11 @@ fn kernel_device(
             );
         }
     }
-    if let Some(m) = &d.memory {
+    if let (Some(m), KernelBackend::Rtl) = (&d.memory, backend) {
         return src.invalid(
             m.span(),
             "devices.memory",
-            "a kernel device has no memory of its own to serve",
+            "a `backend = \"rtl\"` kernel has no memory of its own to serve",
         );
     }
     let function = match d.function.as_ref() {
@@ -1389,12 +1444,13 @@ fn kernel_device(
             "stall" => KernelFunction::Stall,
             "panic" => KernelFunction::Panic,
             "garbage" => KernelFunction::Garbage,
+            "sum32-memory" => KernelFunction::SumMemory32,
             other => {
                 return src.invalid(
                     f.span(),
                     "devices.function",
                     format!(
-                        "`{other}`: expected \"echo\" or \"sum32\" \
+                        "`{other}`: expected \"echo\", \"sum32\" or \"sum32-memory\" \
                          (or, for failure tests, \"stall\", \"panic\" or \"garbage\")"
                     ),
                 )
@@ -1436,6 +1492,32 @@ fn kernel_device(
             bounds::STALL_TIMEOUT_MS,
         )?,
         wait,
+        memory: src.number_or(
+            d.memory.as_ref(),
+            0,
+            "devices.memory",
+            bounds::DEVICE_MEMORY,
+        )?,
+        dma: DmaThresholds {
+            pull_from: src.number_or(
+                d.dma_pull_from.as_ref(),
+                DMA_NEVER,
+                "devices.dma_pull_from",
+                bounds::DMA_FROM,
+            )?,
+            staged_from: src.number_or(
+                d.dma_staged_from.as_ref(),
+                DMA_NEVER,
+                "devices.dma_staged_from",
+                bounds::DMA_FROM,
+            )?,
+            pipelined_from: src.number_or(
+                d.dma_pipelined_from.as_ref(),
+                DMA_NEVER,
+                "devices.dma_pipelined_from",
+                bounds::DMA_FROM,
+            )?,
+        },
     };
     Ok(Some((config, backend)))
 }

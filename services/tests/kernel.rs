@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
+use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{Endpoint, LinkError};
-use uniplane_services::client::{embedded, Client, Session};
+use uniplane_services::client::{embedded, Client, ClientError, Session};
 use uniplane_services::config::Config;
 use uniplane_services::control::Request;
+use uniplane_services::transfer;
 
 const SERVER: &str = "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n";
 
@@ -496,4 +498,261 @@ fn hex(b: &[u8]) -> String {
         .map(|x| format!("{x:02x}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Where `device`'s memory is, at `offset`.
+fn memory_at(device: u16, offset: u64) -> uniplane_dataplane::MemoryAddress {
+    format!("127.0.0.1:{device}@{offset}").parse().unwrap()
+}
+
+/// A kernel summing ranges of its `memory` bytes of device memory, DMA
+/// modes by size: push below 1 KiB, pull below 8 KiB, staged below
+/// 32 KiB, staged-pipelined from there.
+fn memory_kernel(device: u16, memory: usize) -> String {
+    kernel(
+        device,
+        "sum32-memory",
+        &format!(
+            "memory = {memory}\ndma_pull_from = 1024\ndma_staged_from = 8192\n\
+             dma_pipelined_from = 32768\n"
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_one_sided_writes_and_reads_of_a_kernels_memory_are_byte_exact_in_every_dma_mode() {
+    const MEMORY: usize = 8 << 20;
+    let dir = runtime("dma");
+    let (_daemon, client) = embedded(config(&[memory_kernel(2, MEMORY)]), &dir)
+        .await
+        .unwrap();
+    let session = app(&dir).await;
+    let mut conn = session.connect(at(2)).await.unwrap();
+    let mut rng = Rng(0x5eed_d11a);
+    let mut mirror = vec![0u8; MEMORY];
+    let (mut writes, mut sums) = (0u64, 0u64);
+    for i in 0..40 {
+        // 4 B to 4 MiB, spread over the powers of two; every tenth one
+        // several MiB.
+        let bits = 2 + rng.next() % 20;
+        let mut len = (1usize << bits) + rng.next() as usize % (1 << bits);
+        if i % 10 == 9 {
+            len = (3 << 20) + rng.next() as usize % (1 << 20);
+        }
+        let len = len.min(MEMORY);
+        let addr = rng.next() as usize % (MEMORY - len + 1);
+        let data = rng.bytes(len);
+        // Small pieces for small transfers only: the test stays short.
+        let mtu = if len > 256 << 10 {
+            65_535
+        } else {
+            [65_535, 4096, 700][i % 3]
+        };
+        let messages = transfer::write(
+            &session,
+            memory_at(2, addr as u64),
+            Bytes::from(data.clone()),
+            mtu,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("write {i}: {len} bytes at {addr}: {e}"));
+        writes += messages as u64;
+        mirror[addr..addr + len].copy_from_slice(&data);
+        // Read back a range around it: what the write left and what it
+        // did not touch.
+        let from = addr.saturating_sub(rng.next() as usize % 5000);
+        let to = (addr + len + rng.next() as usize % 5000).min(MEMORY);
+        let back = transfer::read(&session, memory_at(2, from as u64), (to - from) as u64, mtu)
+            .await
+            .unwrap_or_else(|e| panic!("read {i}: {} bytes at {from}: {e}", to - from));
+        assert!(
+            back == mirror[from..to],
+            "read {i}: {} bytes at {from} differ",
+            to - from
+        );
+        // The kernel computes over what the host wrote, messages between
+        // the one-sided traffic.
+        let words = (len / 4).min(1 << 16) as u64 * 4;
+        let range = uniplane_kernel::SumMemory32::request(addr as u64, words);
+        conn.send_bytes(Bytes::copy_from_slice(&range))
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), conn.recv())
+            .await
+            .unwrap_or_else(|_| panic!("sum {i}: no answer"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("sum {i}: {e:?}"));
+        assert_eq!(
+            answer.payload().as_ref(),
+            sum32(&mirror[addr..addr + words as usize]).to_le_bytes(),
+            "sum {i} of {words} bytes at {addr}"
+        );
+        sums += 1;
+    }
+    let d = device(&client, "k2").await;
+    assert_eq!(d["state"], "up", "{d}");
+    assert_eq!(d["memory"], MEMORY, "{d}");
+    assert_eq!(d["dma"]["writes"], writes, "{d}");
+    assert_eq!(d["dma"]["out_of_range"], 0, "{d}");
+    for mode in ["push", "pull", "staged", "staged-pipelined"] {
+        assert!(
+            d["dma"]["modes"][mode].as_u64() > Some(0),
+            "{mode} never used: {d}"
+        );
+    }
+    assert_eq!(d["messages"]["pio"], sums, "the sums went by PIO: {d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_sided_write_past_a_kernels_memory_is_refused_and_writes_nothing() {
+    let dir = runtime("dma-past");
+    let (_daemon, client) = embedded(config(&[memory_kernel(2, 1 << 20)]), &dir)
+        .await
+        .unwrap();
+    let session = app(&dir).await;
+    let end = (1u64 << 20) - 10;
+    let past = transfer::write(
+        &session,
+        memory_at(2, end),
+        Bytes::from(vec![0xab; 64]),
+        65_535,
+    );
+    assert!(matches!(
+        past.await,
+        Err(ClientError::Status(Status::OutOfRange))
+    ));
+    let back = transfer::read(&session, memory_at(2, end - 54), 64, 65_535)
+        .await
+        .unwrap();
+    assert!(back.iter().all(|&b| b == 0), "nothing was written");
+    let far = transfer::read(&session, memory_at(2, 1 << 20), 4, 65_535).await;
+    assert!(matches!(far, Err(ClientError::Status(Status::OutOfRange))));
+    let d = device(&client, "k2").await;
+    assert_eq!(d["dma"]["out_of_range"], 2, "{d}");
+    assert_eq!(d["state"], "up", "{d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_writes_a_file_into_a_kernels_memory_and_reads_it_back_by_messages() {
+    let dir = runtime("dma-cli");
+    let (_daemon, client) = embedded(config(&[memory_kernel(2, 1 << 20)]), &dir)
+        .await
+        .unwrap();
+    let input = dir.join("in.bin");
+    let output = dir.join("out.bin");
+    let data = Rng(11).bytes(200_000);
+    std::fs::write(&input, &data).unwrap();
+    let (dir2, inp, outp) = (dir.clone(), input.clone(), output.clone());
+    let (written, read) = tokio::task::spawn_blocking(move || {
+        let (inp, outp) = (inp.to_str().unwrap(), outp.to_str().unwrap());
+        // As the CLI goes by default: it asks to map the memory, the
+        // daemon refuses (a kernel's memory is not lent), messages carry it.
+        let w = cli(
+            &dir2,
+            &["write", "127.0.0.1:2@3000", "--file", inp, "--json"],
+        );
+        let r = cli(
+            &dir2,
+            &[
+                "read",
+                "127.0.0.1:2@3000",
+                "--len",
+                "200000",
+                "--out",
+                outp,
+                "--json",
+            ],
+        );
+        (w, r)
+    })
+    .await
+    .unwrap();
+    for out in [&written, &read] {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let w: Value = serde_json::from_slice(&written.stdout).unwrap();
+    let r: Value = serde_json::from_slice(&read.stdout).unwrap();
+    assert_eq!(
+        (w["written"].as_u64(), w["path"].as_str()),
+        (Some(200_000), Some("messages"))
+    );
+    assert_eq!(
+        (r["len"].as_u64(), r["path"].as_str()),
+        (Some(200_000), Some("messages"))
+    );
+    assert!(
+        std::fs::read(&output).unwrap() == data,
+        "the file came back changed"
+    );
+    let d = device(&client, "k2").await;
+    assert!(d["dma"]["writes"].as_u64() >= Some(4), "{d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernels_messages_go_on_while_one_sided_transfers_run_beside_them() {
+    const MEMORY: usize = 4 << 20;
+    let dir = runtime("dma-beside");
+    let (_daemon, client) = embedded(config(&[memory_kernel(2, MEMORY)]), &dir)
+        .await
+        .unwrap();
+    let session = app(&dir).await;
+    // A range the kernel sums, written first and left alone.
+    let fixed = Rng(3).bytes(64 << 10);
+    transfer::write(
+        &session,
+        memory_at(2, 0),
+        Bytes::from(fixed.clone()),
+        65_535,
+    )
+    .await
+    .unwrap();
+    let want = sum32(&fixed).to_le_bytes();
+    let mut conn = session.connect(at(2)).await.unwrap();
+    let sums = async {
+        for i in 0..300 {
+            let range = uniplane_kernel::SumMemory32::request(0, fixed.len() as u64);
+            conn.send_bytes(Bytes::copy_from_slice(&range))
+                .await
+                .unwrap();
+            let answer = tokio::time::timeout(Duration::from_secs(10), conn.recv())
+                .await
+                .unwrap_or_else(|_| panic!("sum {i}: no answer"))
+                .unwrap()
+                .unwrap();
+            assert_eq!(answer.payload().as_ref(), want, "sum {i}");
+        }
+    };
+    // Meanwhile, transfers into the rest of the memory, checked.
+    let transfers = async {
+        let mut rng = Rng(5);
+        for i in 0..20u64 {
+            let len = 100_000 + rng.next() as usize % 900_000;
+            let addr = (1 << 20) + rng.next() % (MEMORY as u64 - (1 << 20) - len as u64);
+            let data = rng.bytes(len);
+            transfer::write(
+                &session,
+                memory_at(2, addr),
+                Bytes::from(data.clone()),
+                65_535,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+            let back = transfer::read(&session, memory_at(2, addr), len as u64, 65_535)
+                .await
+                .unwrap();
+            assert!(back == data, "transfer {i} read back differently");
+        }
+    };
+    tokio::join!(sums, transfers);
+    let d = device(&client, "k2").await;
+    assert_eq!(d["state"], "up", "{d}");
+    assert!(d["dma"]["reads"].as_u64() > Some(20), "{d}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,8 +12,14 @@
 //! PCIe-emulation path of `uniplane-shm`, a test, later an RTL backend)
 //! carries the bytes. [`wire`] is the frame both ends put around them.
 //!
+//! A kernel may have device memory ([`DeviceMemory`]): the host writes
+//! and reads it one-sided (the daemon's emulated device carries those by
+//! its DMA engine), and the kernel reads it in
+//! [`Kernel::on_request`] to compute over what the host put there.
+//!
 //! Shipped kernels: [`Echo`] returns the payload, [`Sum32`] answers the
-//! wrapping sum of a payload of little-endian `u32`s.
+//! wrapping sum of a payload of little-endian `u32`s, [`SumMemory32`]
+//! the same sum over a range of the device's memory.
 
 #![deny(missing_docs)]
 
@@ -40,6 +46,14 @@ pub enum KernelError {
         /// The answer's length.
         len: usize,
     },
+    /// A range outside the device's memory.
+    #[error("{len} bytes at {addr} lie outside the device's memory")]
+    OutOfRange {
+        /// Where the range starts.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
 }
 
 impl KernelError {
@@ -49,6 +63,7 @@ impl KernelError {
             KernelError::Misaligned { .. } => 1,
             KernelError::Unsupported => 2,
             KernelError::AnswerTooLarge { .. } => 3,
+            KernelError::OutOfRange { .. } => 4,
         }
     }
 }
@@ -61,6 +76,31 @@ pub trait Emit {
     fn error(&mut self, conn: u16, error: KernelError);
 }
 
+/// A kernel's device memory as the kernel sees it: bytes the host wrote
+/// one-sided, read by copy.
+pub trait DeviceMemory {
+    /// Its size in bytes.
+    fn size(&self) -> u64;
+
+    /// Copies the `buf.len()` bytes at `addr` into `buf`; false (and
+    /// `buf` untouched) when the range is not inside the memory.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> bool;
+}
+
+/// No memory at all: what a kernel device without `memory` has.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoMemory;
+
+impl DeviceMemory for NoMemory {
+    fn size(&self) -> u64 {
+        0
+    }
+
+    fn read(&self, _addr: u64, buf: &mut [u8]) -> bool {
+        buf.is_empty()
+    }
+}
+
 /// A kernel: what it answers to each message of each connection. It runs
 /// on a thread of its own; it must not block.
 pub trait Kernel: Send {
@@ -70,6 +110,20 @@ pub trait Kernel: Send {
     /// Handles one message of `conn`, writing zero or more answers to
     /// `out` before it returns.
     fn on_message(&mut self, conn: u16, payload: &[u8], out: &mut dyn Emit);
+
+    /// Handles one message of `conn` with the device's `memory` at hand;
+    /// what the runner calls. By default the memory is not used
+    /// ([`Kernel::on_message`]).
+    fn on_request(
+        &mut self,
+        conn: u16,
+        payload: &[u8],
+        memory: &dyn DeviceMemory,
+        out: &mut dyn Emit,
+    ) {
+        let _ = memory;
+        self.on_message(conn, payload, out);
+    }
 }
 
 /// Answers every message with its own payload.
@@ -121,11 +175,89 @@ impl Kernel for Sum32 {
     }
 }
 
+/// [`Sum32`] over device memory: the payload is a range, 16 bytes —
+/// `addr` and `len` as little-endian `u64`s — and the answer the wrapping
+/// sum of the little-endian `u32`s the memory holds there, as 4 bytes. A
+/// payload of another length is [`KernelError::Unsupported`], a `len`
+/// not a multiple of 4 [`KernelError::Misaligned`], a range outside the
+/// memory [`KernelError::OutOfRange`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SumMemory32;
+
+impl SumMemory32 {
+    /// The request for the `len` bytes at `addr`.
+    pub fn request(addr: u64, len: u64) -> [u8; 16] {
+        let mut r = [0u8; 16];
+        r[..8].copy_from_slice(&addr.to_le_bytes());
+        r[8..].copy_from_slice(&len.to_le_bytes());
+        r
+    }
+
+    /// The sum asked by `payload` over `memory`, or why not.
+    pub fn sum(payload: &[u8], memory: &dyn DeviceMemory) -> Result<u32, KernelError> {
+        let range: &[u8; 16] = payload.try_into().map_err(|_| KernelError::Unsupported)?;
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&range[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (addr, len) = (word(0), word(8));
+        if !len.is_multiple_of(4) {
+            return Err(KernelError::Misaligned {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                element: 4,
+            });
+        }
+        let outside = KernelError::OutOfRange { addr, len };
+        if addr.checked_add(len).is_none_or(|end| end > memory.size()) {
+            return Err(outside);
+        }
+        // Read in pieces: no allocation per request.
+        let mut buf = [0u8; 4096];
+        let mut sum = 0u32;
+        let mut at = 0u64;
+        while at < len {
+            let n = (len - at).min(buf.len() as u64) as usize;
+            if !memory.read(addr + at, &mut buf[..n]) {
+                return Err(outside);
+            }
+            sum = sum.wrapping_add(Sum32::sum(&buf[..n])?);
+            at += n as u64;
+        }
+        Ok(sum)
+    }
+}
+
+impl Kernel for SumMemory32 {
+    fn name(&self) -> &'static str {
+        "sum32-memory"
+    }
+
+    /// Without memory every range is outside it.
+    fn on_message(&mut self, conn: u16, payload: &[u8], out: &mut dyn Emit) {
+        self.on_request(conn, payload, &NoMemory, out);
+    }
+
+    fn on_request(
+        &mut self,
+        conn: u16,
+        payload: &[u8],
+        memory: &dyn DeviceMemory,
+        out: &mut dyn Emit,
+    ) {
+        match SumMemory32::sum(payload, memory) {
+            Ok(sum) => out.answer(conn, &sum.to_le_bytes()),
+            Err(e) => out.error(conn, e),
+        }
+    }
+}
+
 /// The kernel named `name` in the configuration, if this crate ships it.
 pub fn by_name(name: &str) -> Option<Box<dyn Kernel>> {
     match name {
         "echo" => Some(Box::new(Echo)),
         "sum32" => Some(Box::new(Sum32)),
+        "sum32-memory" => Some(Box::new(SumMemory32)),
         _ => None,
     }
 }
@@ -185,10 +317,76 @@ mod tests {
         );
     }
 
+    /// Memory in a vector.
+    struct Bytes(Vec<u8>);
+
+    impl DeviceMemory for Bytes {
+        fn size(&self) -> u64 {
+            self.0.len() as u64
+        }
+
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            let Some(src) = usize::try_from(addr)
+                .ok()
+                .and_then(|a| self.0.get(a..a.checked_add(buf.len())?))
+            else {
+                return false;
+            };
+            buf.copy_from_slice(src);
+            true
+        }
+    }
+
+    #[test]
+    fn sum32_memory_sums_a_range_of_the_device_memory_across_read_pieces() {
+        let words: Vec<u32> = (0..3000u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+        let mem = Bytes(words.iter().flat_map(|w| w.to_le_bytes()).collect());
+        let mut out = Collect::default();
+        // 2,000 words from word 500: three read pieces.
+        SumMemory32.on_request(5, &SumMemory32::request(2000, 8000), &mem, &mut out);
+        let want = words[500..2500]
+            .iter()
+            .fold(0u32, |a, w| a.wrapping_add(*w));
+        assert_eq!(out.0, vec![(5, Ok(want.to_le_bytes().to_vec()))]);
+    }
+
+    #[test]
+    fn sum32_memory_refuses_ranges_outside_misaligned_or_malformed() {
+        let mem = Bytes(vec![1; 64]);
+        let err = |payload: &[u8]| {
+            let mut out = Collect::default();
+            SumMemory32.on_request(1, payload, &mem, &mut out);
+            out.0.remove(0).1.unwrap_err()
+        };
+        assert_eq!(
+            err(&SumMemory32::request(60, 8)),
+            KernelError::OutOfRange { addr: 60, len: 8 }
+        );
+        assert_eq!(
+            err(&SumMemory32::request(u64::MAX, 4)),
+            KernelError::OutOfRange {
+                addr: u64::MAX,
+                len: 4
+            }
+        );
+        assert!(matches!(
+            err(&SumMemory32::request(0, 6)),
+            KernelError::Misaligned { element: 4, .. }
+        ));
+        assert_eq!(err(&[0; 15]), KernelError::Unsupported);
+        let mut out = Collect::default();
+        SumMemory32.on_message(1, &SumMemory32::request(0, 4), &mut out);
+        assert_eq!(out.0[0].1, Err(KernelError::OutOfRange { addr: 0, len: 4 }));
+    }
+
     #[test]
     fn kernels_are_found_by_their_configured_name() {
         assert_eq!(by_name("echo").map(|k| k.name()), Some("echo"));
         assert_eq!(by_name("sum32").map(|k| k.name()), Some("sum32"));
+        assert_eq!(
+            by_name("sum32-memory").map(|k| k.name()),
+            Some("sum32-memory")
+        );
         assert!(by_name("fft").is_none());
     }
 }

@@ -104,6 +104,10 @@ pub const PIO_THRESHOLD: Bounds = Bounds::new(0, 4096);
 /// `devices.tokens`: FPGA Connect tokens of a kernel device; its receive
 /// windows hold that many largest frames.
 pub const KERNEL_TOKENS: Bounds = Bounds::new(1, 256);
+/// `devices.dma_pull_from`, `dma_staged_from`, `dma_pipelined_from`:
+/// transfer bytes from which a kernel device's one-sided requests take
+/// that DMA mode (0: always; above the largest payload: never).
+pub const DMA_FROM: Bounds = Bounds::new(0, 1 << 16).note("64 KiB: never");
 /// `devices.stall_timeout_ms`: how long a kernel device's requests may go
 /// unanswered before it is marked down.
 pub const STALL_TIMEOUT_MS: Bounds = Bounds::new(10, 60_000).note("1 minute");

@@ -928,6 +928,8 @@ fn a_kernel_device_takes_its_function_and_the_defaults_of_its_path() {
             tokens: DEFAULT_KERNEL_TOKENS,
             stall_timeout_ms: DEFAULT_STALL_TIMEOUT_MS,
             wait: KernelWait::Park,
+            memory: 0,
+            dma: DmaThresholds::default(),
         })
     );
     let text = format!(
@@ -940,6 +942,25 @@ fn a_kernel_device_takes_its_function_and_the_defaults_of_its_path() {
     assert_eq!(
         (k.pio_threshold, k.tokens, k.stall_timeout_ms, k.wait),
         (0, 256, 10, KernelWait::Busy)
+    );
+    let text = format!(
+        "{KERNEL_DEVICE}memory = 1048576
+dma_pull_from = 0
+dma_staged_from = 4096
+         dma_pipelined_from = 65536
+"
+    );
+    let k = Config::parse(&text, "c.toml").unwrap().devices[0]
+        .kernel
+        .unwrap();
+    assert_eq!(k.memory, 1 << 20);
+    assert_eq!(
+        k.dma,
+        DmaThresholds {
+            pull_from: 0,
+            staged_from: 4096,
+            pipelined_from: 65_536
+        }
     );
     assert_eq!(
         Config::parse(MEMORY_DEVICE, "c.toml").unwrap().devices[0].kernel,
@@ -972,13 +993,22 @@ fn kernel_settings_out_of_range_unknown_or_misplaced_are_refused_with_the_field(
              \"emulated\" or \"rtl\"",
         ),
         (
-            format!("{KERNEL_DEVICE}memory = 4096\n"),
-            "c.toml:5:10: field `devices.memory`: a kernel device has no memory of its own to serve",
+            format!("{KERNEL_DEVICE}memory = -1\n"),
+            "c.toml:5:10: field `devices.memory`: -1 is out of range 0..=1073741824 (1 GiB)",
+        ),
+        (
+            format!("{KERNEL_DEVICE}dma_staged_from = 65537\n"),
+            "c.toml:5:19: field `devices.dma_staged_from`: 65537 is out of range \
+             0..=65536 (64 KiB: never)",
+        ),
+        (
+            format!("{MEMORY_DEVICE}dma_pull_from = 0\n"),
+            "c.toml:5:17: field `devices.dma_pull_from`: only a `kind = \"kernel\"` device takes it",
         ),
         (
             "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nfunction = \"fft\"\n".to_owned(),
-            "c.toml:4:12: field `devices.function`: `fft`: expected \"echo\" or \"sum32\" \
-             (or, for failure tests, \"stall\", \"panic\" or \"garbage\")",
+            "c.toml:4:12: field `devices.function`: `fft`: expected \"echo\", \"sum32\" or \
+             \"sum32-memory\" (or, for failure tests, \"stall\", \"panic\" or \"garbage\")",
         ),
         (
             "[[devices]]\nname = \"k\"\nkind = \"kernel\"\n".to_owned(),
@@ -1043,6 +1073,11 @@ fn an_rtl_kernel_is_echo_or_sum32_and_takes_none_of_the_emulated_settings() {
             format!("{text}wait = \"busy\"\n"),
             "c.toml:6:8: field `devices.wait`: a setting of the emulated path: \
              a `backend = \"rtl\"` kernel does not take it",
+        ),
+        (
+            format!("{text}memory = 4096\n"),
+            "c.toml:6:10: field `devices.memory`: a `backend = \"rtl\"` kernel has no memory \
+             of its own to serve",
         ),
         (
             format!("{text}stall_timeout_ms = 100\n"),

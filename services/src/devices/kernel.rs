@@ -33,8 +33,24 @@
 //! `PeerFailed`, and the daemon closes the device's connections with a
 //! notice. Other devices are not affected.
 //!
-//! One-sided WRTE/READ to a kernel are answered `OutOfRange` (it has no
-//! memory of its own yet): the DMA engine of `uniplane-shm` is not used.
+//! Device memory (`memory = N`): one-sided WRTE and READ to the kernel's
+//! UID are carried by the emulated DMA engine of `uniplane-shm` into and
+//! out of the kernel's memory ([`dma`]: the mode — push, pull, staged,
+//! staged-pipelined — chosen per transfer by its size), and the kernel
+//! reads that memory ([`uniplane_kernel::Kernel::on_request`]). The host
+//! end checks the range first (outside: `OutOfRange`, nothing written),
+//! starts the transfer (up to [`dma::SLOTS`] in flight) and polls the
+//! completions from the engine's thread, answering in the order the
+//! transfers started. Later requests wait behind them in order (up to
+//! a client's transfer window; then [`PortIo::free`] is 0 and the
+//! engine's queues hold the rest): one-sided ones as slots free up,
+//! messages once no transfer is in flight. The answers are the host
+//! memory device's ([`super::handle`]); a DMA
+//! error completion answers `PeerFailed` and marks the device down. A
+//! kernel without memory answers every non-empty one-sided request
+//! `OutOfRange`.
+
+pub mod dma;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -56,6 +72,8 @@ use uniplane_shm::ring::{RingLayout, CONTROL_BYTES, RECORD_HEADER};
 use uniplane_shm::sys::{memfd_name, SharedMemory};
 
 use crate::config::{DeviceKind, KernelDeviceConfig, KernelFunction, KernelWait};
+use dma::{DmaPath, KernelMemory};
+use uniplane_shm::p2p::TransferMode;
 
 /// The one FPGA Connect connection between host and kernel: it carries
 /// every overlay connection (the kernel's `conn` is in the frame).
@@ -63,6 +81,11 @@ const CONNECT_CONN: u16 = 0;
 /// Overlay connections a kernel device tells apart at once; beyond, the
 /// oldest slot is reused.
 const KERNEL_CONNS: usize = 256;
+/// Requests a kernel device's host end keeps behind a DMA transfer in
+/// flight (as many one-sided requests as a transfer keeps in flight);
+/// beyond, the engine's queues hold them.
+const BEHIND_DMA: usize = crate::transfer::WINDOW;
+
 /// Largest frame: a header and the largest payload.
 const MAX_FRAME: usize = FRAME_HEADER_BYTES + Message::MAX_PAYLOAD;
 
@@ -96,6 +119,16 @@ pub struct KernelStats {
     pub garbage: AtomicU64,
     /// Requests answered `PeerFailed` because the device was down.
     pub failed_requests: AtomicU64,
+    /// One-sided transfers by DMA mode, in [`TransferMode::ALL`]'s order.
+    pub dma_modes: [AtomicU64; 4],
+    /// One-sided writes done by DMA.
+    pub dma_writes: AtomicU64,
+    /// One-sided reads done by DMA.
+    pub dma_reads: AtomicU64,
+    /// Bytes moved by DMA.
+    pub dma_bytes: AtomicU64,
+    /// One-sided requests refused `OutOfRange` (nothing moved).
+    pub out_of_range: AtomicU64,
     /// Frames received from the kernel, garbage included: the sign of
     /// life [`Watch`] looks at.
     received: AtomicU64,
@@ -192,7 +225,21 @@ impl KernelShared {
             "messages": {
                 "pio": n(&s.pio_requests),
                 "connect": n(&s.connect_requests),
-                "dma": 0,
+                "dma": n(&s.dma_writes) + n(&s.dma_reads),
+            },
+            "memory": self.config.memory,
+            "dma": {
+                "writes": n(&s.dma_writes),
+                "reads": n(&s.dma_reads),
+                "bytes": n(&s.dma_bytes),
+                "out_of_range": n(&s.out_of_range),
+                "modes": TransferMode::ALL
+                    .iter()
+                    .map(|m| (m.name().to_owned(), json!(n(&s.dma_modes[dma::mode_index(*m)]))))
+                    .collect::<serde_json::Map<_, _>>(),
+                "pull_from": self.config.dma.pull_from,
+                "staged_from": self.config.dma.staged_from,
+                "pipelined_from": self.config.dma.pipelined_from,
             },
             "answers": {
                 "pio": n(&s.pio_answers),
@@ -533,6 +580,14 @@ pub struct KernelPort {
     next_conn: usize,
     received: u64,
     failed_over: bool,
+    /// The kernel's memory behind its DMA engine (`memory` above 0).
+    dma: Option<DmaPath>,
+    /// The one-sided requests whose transfers are in flight, oldest first.
+    dma_requests: VecDeque<Message>,
+    /// Requests that came while a transfer was in flight, in order.
+    behind: VecDeque<Message>,
+    /// Bytes of the kernel's memory the host end lets requests reach.
+    memory_size: u64,
 }
 
 impl std::fmt::Debug for KernelPort {
@@ -563,6 +618,19 @@ pub fn open(
     let mut kernel = path.end(Side::B, config.wait).ok_or_else(broken)?;
     host.threshold = config.pio_threshold;
     kernel.threshold = config.pio_threshold;
+    let dma = match config.memory {
+        0 => None,
+        bytes => Some(
+            DmaPath::new(
+                name,
+                bytes,
+                config.dma,
+                Duration::from_millis(config.stall_timeout_ms),
+            )
+            .map_err(KernelDeviceError::Setup)?,
+        ),
+    };
+    let memory = dma.as_ref().map(DmaPath::memory).unwrap_or_default();
     let shared = Arc::new(KernelShared::new(config));
     let max_in_flight = config.tokens as usize + 2;
     let port = KernelPort {
@@ -578,6 +646,10 @@ pub fn open(
         next_conn: 0,
         received: 0,
         failed_over: false,
+        memory_size: dma.as_ref().map_or(0, DmaPath::size),
+        dma,
+        dma_requests: VecDeque::with_capacity(dma::SLOTS),
+        behind: VecDeque::with_capacity(BEHIND_DMA),
     };
     let thread_shared = shared.clone();
     let handle = std::thread::Builder::new()
@@ -588,7 +660,7 @@ pub fn open(
             while thread_shared.kernel_thread.get().is_none() {
                 std::thread::park();
             }
-            KernelEnd::new(thread_shared, kernel).run();
+            KernelEnd::new(thread_shared, kernel, memory).run();
         })?;
     let _ = shared.kernel_thread.set(handle.thread().clone());
     handle.thread().unpark();
@@ -713,6 +785,13 @@ impl KernelPort {
             return;
         }
         self.failed_over = true;
+        let in_flight = std::mem::take(&mut self.dma_requests);
+        for m in in_flight.into_iter().chain(self.behind.drain(..)) {
+            if let Some(a) = m.error_answer(Status::PeerFailed) {
+                self.shared.stats.failed_requests.fetch_add(1, Relaxed);
+                self.ready.push_back(a);
+            }
+        }
         let held = self.held.take().map(|m| *m.header());
         for h in self.in_flight.drain(..).map(|w| w.header).chain(held) {
             self.shared.stats.failed_requests.fetch_add(1, Relaxed);
@@ -727,6 +806,7 @@ impl KernelPort {
     /// held must go from here: the kernel wakes the engine's input side
     /// when it makes room).
     fn receive(&mut self) {
+        self.drive_dma();
         if self.is_down() {
             self.fail_over();
             return;
@@ -765,6 +845,128 @@ impl KernelPort {
         }
         self.shared.stats.received.store(self.received, Relaxed);
         self.publish_waiting();
+    }
+
+    /// Whether a one-sided transfer is in flight or requests wait behind
+    /// one.
+    fn dma_busy(&self) -> bool {
+        !self.dma_requests.is_empty() || !self.behind.is_empty()
+    }
+
+    /// Polls the transfers in flight; those that ended have their answers
+    /// join `ready`, in the order they started (room was kept for them).
+    ///
+    /// Then takes the requests that waited behind them, in order: one-sided
+    /// ones while the DMA path has a free slot, anything else once no
+    /// transfer is in flight (a message to the kernel finds the bytes
+    /// written before it in place).
+    fn drive_dma(&mut self) {
+        loop {
+            while self.finish_transfer() {}
+            if self.held.is_some() || self.is_down() {
+                return;
+            }
+            let Some(next) = self.behind.front() else {
+                return;
+            };
+            if !is_one_sided(next) && !self.dma_requests.is_empty() {
+                return;
+            }
+            let Some(m) = self.behind.pop_front() else {
+                return;
+            };
+            if let Err(m) = self.take(m) {
+                self.behind.push_front(m);
+                return;
+            }
+        }
+    }
+
+    /// Polls the transfers in flight: whether the oldest ended (its
+    /// answer is in `ready`).
+    fn finish_transfer(&mut self) -> bool {
+        let Some(dma) = self.dma.as_mut().filter(|_| !self.dma_requests.is_empty()) else {
+            return false;
+        };
+        let Some((slot, end)) = dma.poll() else {
+            return false;
+        };
+        let Some(m) = self.dma_requests.pop_front() else {
+            return false;
+        };
+        let outcome = match end {
+            Ok(()) if m.kind() == ReqType::Read => {
+                let len = match m.header().request.params() {
+                    Params::Read(p) => p.length as usize,
+                    _ => 0,
+                };
+                Outcome::Read(dma.read_result(slot, len))
+            }
+            Ok(()) => Outcome::Written,
+            Err(failure) => {
+                self.shared.mark_down(format!("kernel memory: {failure}"));
+                self.shared.stats.failed_requests.fetch_add(1, Relaxed);
+                Outcome::Failed(Status::PeerFailed)
+            }
+        };
+        if outcome != Outcome::Failed(Status::PeerFailed) {
+            let s = &self.shared.stats;
+            let counter = if m.kind() == ReqType::Read {
+                &s.dma_reads
+            } else {
+                &s.dma_writes
+            };
+            counter.fetch_add(1, Relaxed);
+        }
+        self.ready
+            .extend(super::handle(DeviceKind::Kernel, &mut { outcome }, m));
+        true
+    }
+
+    /// Takes a one-sided request (WRTE, READ): refused outside the memory,
+    /// answered at once when empty (after the transfers in flight), else
+    /// its DMA transfer starts. Gives `m` back while it cannot be taken
+    /// yet: no free slot, answers before it to come, no room for its answer.
+    fn one_sided(&mut self, m: Message) -> Result<(), Message> {
+        if self.held.is_some() || self.ready.len() + self.dma_requests.len() >= self.ready_capacity
+        {
+            return Err(m);
+        }
+        let h = m.header();
+        let (addr, len, data) = match *h.request.params() {
+            Params::Memory(p) => (p.addr, m.payload().len(), true),
+            Params::Read(p) => (p.src_addr, p.length as usize, false),
+            _ => return Err(m),
+        };
+        let inside = addr
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.memory_size);
+        let dma = match self.dma.as_mut() {
+            Some(dma) if inside && len > 0 => dma,
+            // Answered in order: after the transfers in flight.
+            _ if !self.dma_requests.is_empty() => return Err(m),
+            _ => {
+                let outcome = if !inside {
+                    self.shared.stats.out_of_range.fetch_add(1, Relaxed);
+                    Outcome::Failed(Status::OutOfRange)
+                } else if data {
+                    Outcome::Written
+                } else {
+                    Outcome::Read(Bytes::new())
+                };
+                self.ready
+                    .extend(super::handle(DeviceKind::Kernel, &mut { outcome }, m));
+                return Ok(());
+            }
+        };
+        let Some(mode) = dma.start(addr, len, data.then(|| m.payload().as_ref())) else {
+            return Err(m);
+        };
+        let s = &self.shared.stats;
+        s.dma_modes[dma::mode_index(mode)].fetch_add(1, Relaxed);
+        s.dma_bytes.fetch_add(len as u64, Relaxed);
+        self.dma_requests.push_back(m);
+        Ok(())
     }
 
     /// The message an answer frame on `via` makes: `Some(None)` for a
@@ -841,6 +1043,12 @@ impl PortIo for KernelPort {
         if !self.ready.is_empty() {
             return Poll::Ready(true);
         }
+        if !self.dma_requests.is_empty() {
+            // Nothing wakes the engine when a DMA completes: poll again
+            // soon (a transfer takes microseconds).
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         self.shared.host_waker.register(cx.waker());
         self.receive();
         if self.ready.is_empty() {
@@ -856,6 +1064,10 @@ impl PortIo for KernelPort {
             return self.ready_capacity.saturating_sub(self.ready.len());
         }
         self.retry_held();
+        self.drive_dma();
+        if self.dma_busy() {
+            return BEHIND_DMA - self.behind.len();
+        }
         if self.held.is_some() {
             return 0;
         }
@@ -876,13 +1088,65 @@ impl PortIo for KernelPort {
             }
             return Ok(());
         }
+        if self.dma_busy() {
+            // Later requests wait behind the transfer in flight, in order.
+            if self.behind.len() >= BEHIND_DMA {
+                return Err(m);
+            }
+            self.behind.push_back(m);
+            self.drive_dma();
+            return Ok(());
+        }
+        let taken = self.take(m);
+        self.drive_dma();
+        taken
+    }
+
+    /// Rings the kernel thread, once per burst.
+    fn flush(&mut self) {
+        self.retry_held();
+        self.shared.unpark_kernel();
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
+        if self.free() > 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if !self.dma_requests.is_empty() {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.shared.host_waker.register(cx.waker());
+        self.shared.unpark_kernel();
+        if self.free() > 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// The port stays while the daemon runs: a device that failed answers
+    /// `PeerFailed`.
+    fn is_closed(&mut self) -> bool {
+        false
+    }
+}
+
+impl KernelPort {
+    /// Takes `m` with no transfer in flight: a one-sided request starts
+    /// one, a message goes to the kernel (or is held back), the rest is
+    /// answered as a device without memory answers it.
+    fn take(&mut self, m: Message) -> Result<(), Message> {
         let kind = m.header().request.kind();
         let data = matches!(kind, ReqType::Send | ReqType::Push)
             && !m.header().flags.contains(MsgFlags::ERROR)
             && matches!(m.header().request.params(), Params::Port(_));
+        if is_one_sided(&m) {
+            return self.one_sided(m);
+        }
         if !data {
-            // Connection control and one-sided requests: as any device
-            // with no memory answers them.
+            // Connection control and the rest: as any device with no
+            // memory answers them.
             if kind == ReqType::Close {
                 self.forget_conn(m.header());
             }
@@ -903,30 +1167,41 @@ impl PortIo for KernelPort {
         self.publish_waiting();
         Ok(())
     }
+}
 
-    /// Rings the kernel thread, once per burst.
-    fn flush(&mut self) {
-        self.retry_held();
-        self.shared.unpark_kernel();
+/// Whether `m` is a one-sided request (WRTE, READ) the DMA path carries.
+fn is_one_sided(m: &Message) -> bool {
+    let h = m.header();
+    matches!(
+        (h.request.kind(), h.request.params()),
+        (ReqType::Write, Params::Memory(_)) | (ReqType::Read, Params::Read(_))
+    ) && !h.flags.contains(MsgFlags::ERROR)
+}
+
+/// How a one-sided request ended, as the memory [`super::handle`] answers
+/// from: the bytes already moved (or refused) by the DMA path.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Written,
+    Read(Bytes),
+    Failed(Status),
+}
+
+impl super::MemoryStore for Outcome {
+    fn store(&mut self, _addr: u64, _data: &[u8]) -> Result<(), Status> {
+        match self {
+            Outcome::Written => Ok(()),
+            Outcome::Failed(s) => Err(*s),
+            Outcome::Read(_) => Err(Status::BadRequest),
+        }
     }
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PortClosed>> {
-        if self.free() > 0 {
-            return Poll::Ready(Ok(()));
+    fn load(&mut self, _addr: u64, _len: usize) -> Result<Bytes, Status> {
+        match self {
+            Outcome::Read(b) => Ok(std::mem::take(b)),
+            Outcome::Failed(s) => Err(*s),
+            Outcome::Written => Err(Status::BadRequest),
         }
-        self.shared.host_waker.register(cx.waker());
-        self.shared.unpark_kernel();
-        if self.free() > 0 {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
-    }
-
-    /// The port stays while the daemon runs: a device that failed answers
-    /// `PeerFailed`.
-    fn is_closed(&mut self) -> bool {
-        false
     }
 }
 
@@ -964,6 +1239,7 @@ struct KernelEnd {
     shared: Arc<KernelShared>,
     function: KernelFunction,
     kernel: Option<Box<dyn Kernel>>,
+    memory: KernelMemory,
     end: End,
     answers: Answers,
     /// Next answer of `answers` to send, and the request they answer.
@@ -972,10 +1248,11 @@ struct KernelEnd {
 }
 
 impl KernelEnd {
-    fn new(shared: Arc<KernelShared>, end: End) -> KernelEnd {
+    fn new(shared: Arc<KernelShared>, end: End, memory: KernelMemory) -> KernelEnd {
         let function = shared.config.function;
         KernelEnd {
             kernel: uniplane_kernel::by_name(function.name()),
+            memory,
             function,
             shared,
             end,
@@ -1044,7 +1321,7 @@ impl KernelEnd {
             _ => {}
         }
         if let Some(k) = self.kernel.as_mut() {
-            k.on_message(frame.conn, payload, &mut self.answers);
+            k.on_request(frame.conn, payload, &self.memory, &mut self.answers);
         }
         self.end.consumed(via);
         // Give the tokens back at once: the request is taken.
@@ -1122,6 +1399,8 @@ mod tests {
             tokens: 4,
             stall_timeout_ms: 1000,
             wait: KernelWait::Park,
+            memory: 0,
+            dma: crate::config::DmaThresholds::default(),
         }
     }
 
@@ -1326,6 +1605,181 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(port.pop().is_none());
+    }
+
+    fn with_memory(memory: usize, dma: crate::config::DmaThresholds) -> KernelDeviceConfig {
+        KernelDeviceConfig {
+            memory,
+            dma,
+            ..config(KernelFunction::SumMemory32)
+        }
+    }
+
+    fn write(addr: u64, data: Vec<u8>) -> Message {
+        Message::write(
+            uid("1.1.1.1:5"),
+            uid("1.1.1.1:3").at(addr),
+            Bytes::from(data),
+        )
+        .unwrap()
+    }
+
+    fn read(addr: u64, len: u16) -> Message {
+        Message::read(uid("1.1.1.1:5").at(0x40), uid("1.1.1.1:3").at(addr), len).unwrap()
+    }
+
+    #[test]
+    fn one_sided_requests_move_bytes_by_dma_and_are_answered_as_a_memory_device_answers() {
+        let dma = crate::config::DmaThresholds {
+            pull_from: 100,
+            staged_from: 1000,
+            pipelined_from: 20_000,
+        };
+        let (mut port, shared) = open("t", with_memory(1 << 20, dma)).unwrap();
+        let mut host = super::super::Memory::new(1 << 20);
+        for (i, len) in [4usize, 100, 5000, 65_535].into_iter().enumerate() {
+            let addr = (i * 100_003) as u64;
+            let data: Vec<u8> = (0..len).map(|b| (b * 31 + i) as u8).collect();
+            for m in [write(addr, data.clone()), read(addr, len as u16)] {
+                let want = super::super::handle(DeviceKind::Memory, &mut host, m.clone());
+                port.push(m).unwrap();
+                let got = answers(&mut port, 1).remove(0);
+                assert_eq!(Some(got), want, "{len} bytes");
+            }
+        }
+        let modes: Vec<u64> = shared
+            .stats
+            .dma_modes
+            .iter()
+            .map(|c| c.load(Relaxed))
+            .collect();
+        // staged, staged-pipelined, push, pull: each transfer twice.
+        assert_eq!(modes, [2, 2, 2, 2]);
+        assert_eq!(shared.stats.dma_writes.load(Relaxed), 4);
+        // The kernel computes over what was written: sum the 100 bytes at
+        // 100,003 (25 words).
+        port.push(request(0, 9)).unwrap();
+        let mut sum = Message::send(
+            uid("1.1.1.1:5").port(9),
+            uid("1.1.1.1:3").port(7),
+            Bytes::copy_from_slice(&uniplane_kernel::SumMemory32::request(100_003, 100)),
+        )
+        .unwrap();
+        sum.set_seqnum(10);
+        port.push(sum).unwrap();
+        port.flush();
+        let got = answers(&mut port, 2);
+        let data: Vec<u8> = (0..100usize).map(|b| (b * 31 + 1) as u8).collect();
+        let want = uniplane_kernel::Sum32::sum(&data).unwrap();
+        assert_eq!(got[0].header().status(), Status::BadRequest);
+        assert_eq!(got[1].payload().as_ref(), want.to_le_bytes());
+    }
+
+    #[test]
+    fn a_write_past_the_end_is_refused_out_of_range_and_writes_nothing() {
+        let (mut port, shared) = open(
+            "t",
+            with_memory(4096, crate::config::DmaThresholds::default()),
+        )
+        .unwrap();
+        port.push(write(4000, vec![9; 200])).unwrap();
+        let a = answers(&mut port, 1).remove(0);
+        assert_eq!(a.header().status(), Status::OutOfRange);
+        port.push(read(3896, 200)).unwrap();
+        let back = answers(&mut port, 1).remove(0);
+        assert_eq!(back.kind(), ReqType::ReadCmpl);
+        assert!(back.payload().iter().all(|&b| b == 0), "nothing written");
+        port.push(read(u64::MAX - 1, 4)).unwrap();
+        assert_eq!(
+            answers(&mut port, 1)[0].header().status(),
+            Status::OutOfRange
+        );
+        assert_eq!(shared.stats.out_of_range.load(Relaxed), 2);
+        assert_eq!(shared.stats.dma_modes[2].load(Relaxed), 1, "the read only");
+    }
+
+    #[test]
+    fn requests_wait_in_order_behind_transfers_in_flight_and_then_the_engines_queues() {
+        let config = KernelDeviceConfig {
+            function: KernelFunction::Echo,
+            ..with_memory(1 << 20, crate::config::DmaThresholds::default())
+        };
+        let (mut port, _shared) = open("t", config).unwrap();
+        // Transfers that do not end until the test says so.
+        port.dma.as_mut().unwrap().pause();
+        let n = dma::SLOTS + BEHIND_DMA;
+        for i in 0..n {
+            if i == dma::SLOTS {
+                port.push(request(8, 0)).unwrap();
+            } else {
+                port.push(write(64 * i as u64, vec![i as u8; 8])).unwrap();
+            }
+        }
+        assert_eq!(port.free(), 0, "the port holds no more");
+        assert_eq!(port.dma_requests.len(), dma::SLOTS, "every slot in flight");
+        let back = port.push(request(8, 99)).unwrap_err();
+        assert_eq!(back.header().seqnum, 99, "given back, not dropped");
+        assert!(
+            port.pop().is_none(),
+            "nothing passed the transfers in flight"
+        );
+        port.dma.as_mut().unwrap().resume();
+        port.flush();
+        let got = answers(&mut port, n);
+        let kinds: Vec<ReqType> = got.iter().map(Message::kind).collect();
+        let echo = kinds.iter().position(|k| *k == ReqType::Send).unwrap();
+        assert!(
+            echo >= dma::SLOTS,
+            "the message went after the writes before it"
+        );
+        let written: Vec<u64> = got
+            .iter()
+            .filter(|m| m.kind() == ReqType::WriteCmpl)
+            .map(|m| match m.header().request.params() {
+                Params::Memory(p) => p.addr,
+                _ => u64::MAX,
+            })
+            .collect();
+        let want: Vec<u64> = (0..n as u64)
+            .filter(|&i| i != dma::SLOTS as u64)
+            .map(|i| 64 * i)
+            .collect();
+        assert_eq!(written, want, "the writes, in order");
+        assert!(port.free() > 0);
+    }
+
+    #[test]
+    fn a_dma_error_completion_answers_peer_failed_and_marks_the_device_down() {
+        let (mut port, shared) = open(
+            "t",
+            with_memory(4096, crate::config::DmaThresholds::default()),
+        )
+        .unwrap();
+        // Let a request past the host end's check: the engine refuses it.
+        port.memory_size = 1 << 20;
+        port.push(write(8192, vec![3; 64])).unwrap();
+        let a = answers(&mut port, 1).remove(0);
+        assert_eq!(a.header().status(), Status::PeerFailed);
+        assert!(
+            shared.down().unwrap().contains("OutOfRange"),
+            "{:?}",
+            shared.down()
+        );
+        port.push(request(8, 2)).unwrap();
+        assert_eq!(
+            answers(&mut port, 1)[0].header().status(),
+            Status::PeerFailed
+        );
+    }
+
+    #[test]
+    fn a_kernel_without_memory_answers_one_sided_requests_out_of_range() {
+        let (mut port, _shared) = open("t", config(KernelFunction::Echo)).unwrap();
+        port.push(write(0, vec![1; 4])).unwrap();
+        assert_eq!(
+            answers(&mut port, 1)[0].header().status(),
+            Status::OutOfRange
+        );
     }
 
     #[test]
