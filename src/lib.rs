@@ -13,11 +13,15 @@
 #![deny(missing_docs)]
 
 pub use uniplane_dataplane::{
-    codec, fault, pcap, wire, BoxLink, BoxListener, Capabilities, Endpoint, Link, LinkError,
-    LinkExt, Locator, MemoryAddress, Message, ParseUidError, Stack, StackError, Target, Uid,
+    codec, fault, wire, BoxLink, BoxListener, Capabilities, Endpoint, Link, LinkError, LinkExt,
+    Locator, MemoryAddress, Message, ParseUidError, Stack, StackError, Target, Uid,
 };
 
 pub use uniplane_client as client;
+
+/// Packet captures of message streams (pcap files readable by
+/// Wireshark and tcpdump).
+pub use uniplane_stacks::pcap;
 
 /// The transports.
 pub mod stacks {

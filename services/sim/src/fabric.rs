@@ -866,6 +866,8 @@ impl Fabric {
                     self.report.local_setups += 1;
                 }
             }
+            // The simulated servers host no memory a process maps.
+            Action::Unmap { .. } => {}
         }
     }
 
