@@ -138,6 +138,11 @@ impl Communicator {
         self.inner.rank
     }
 
+    /// The communicator's context id (what its messages' keys carry).
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.inner.members.len()
@@ -200,7 +205,7 @@ impl Communicator {
         &self.inner.fabric.stats
     }
 
-    fn choose(&self, c: Collective, bytes: usize) -> Algorithm {
+    pub(crate) fn choose(&self, c: Collective, bytes: usize) -> Algorithm {
         self.inner
             .fabric
             .tuning
@@ -209,7 +214,7 @@ impl Communicator {
             .choose(c, self.size(), bytes)
     }
 
-    fn next_key(&self) -> Key {
+    pub(crate) fn next_key(&self) -> Key {
         let seq = self.inner.next_collective.fetch_add(1, Ordering::Relaxed);
         Key {
             comm: self.inner.id,
@@ -368,7 +373,7 @@ impl Communicator {
         }
     }
 
-    async fn bcast_with<T: Element>(
+    pub(crate) async fn bcast_with<T: Element>(
         &self,
         key: Key,
         buf: &mut [T],
@@ -520,7 +525,7 @@ impl Communicator {
         async move { self.allreduce_with(key, buf, op).await }
     }
 
-    async fn allreduce_with<T: Element>(
+    pub(crate) async fn allreduce_with<T: Element>(
         &self,
         key: Key,
         acc: &mut [T],

@@ -39,12 +39,14 @@
 mod comm;
 pub mod datatype;
 pub mod frame;
+pub mod stream;
 pub mod transport;
 pub mod tuning;
 pub mod world;
 
 pub use comm::Communicator;
 pub use datatype::{Datatype, Element, Op};
+pub use stream::ChunkStream;
 pub use transport::Stats;
 pub use tuning::{Algorithm, Collective, Rule, Tuning};
 pub use world::{init, join, Options, WorldSpec};
