@@ -11,6 +11,7 @@ use uniplane_client::Session;
 
 use crate::datatype::{to_bytes, Element, Op};
 use crate::frame::Key;
+use crate::operator::OperatorLink;
 use crate::transport::{Limits, Peer, Stats, OVERHEAD};
 use crate::tuning::{Algorithm, Collective, Tuning};
 use crate::Error;
@@ -30,6 +31,9 @@ pub(crate) struct Fabric {
     pub(crate) eager_threshold: AtomicUsize,
     pub(crate) tuning: RwLock<Tuning>,
     pub(crate) stats: Arc<Stats>,
+    /// The reduction operator endpoint allreduce and reduce go through,
+    /// when one is set.
+    pub(crate) operator: RwLock<Option<Arc<OperatorLink>>>,
 }
 
 impl Fabric {
@@ -203,6 +207,58 @@ impl Communicator {
     /// Transport counters of this process.
     pub fn stats(&self) -> &Stats {
         &self.inner.fabric.stats
+    }
+
+    /// Sends every later `allreduce` and `reduce` (of every communicator
+    /// of the process) through the reduction operator endpoint named
+    /// `name` (a resource of the daemon listening on
+    /// [`crate::operator::OPERATOR_PORT`], see
+    /// [`crate::operator::ReductionOperator`]); `None` returns to the
+    /// ranks' own algorithms. Every rank must make the same choice before
+    /// its next reduction.
+    pub async fn use_reduction_operator(&self, name: Option<&str>) -> Result<(), Error> {
+        let f = &self.inner.fabric;
+        let link = match name {
+            Some(name) => Some(Arc::new(
+                OperatorLink::connect(&f.session, name, f.deadline()).await?,
+            )),
+            None => None,
+        };
+        *f.operator.write().unwrap_or_else(|e| e.into_inner()) = link;
+        Ok(())
+    }
+
+    fn operator(&self) -> Option<Arc<OperatorLink>> {
+        if self.size() == 1 {
+            return None;
+        }
+        self.inner
+            .fabric
+            .operator
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reduces through the operator endpoint `link`.
+    async fn reduce_via<T: Element>(
+        &self,
+        link: &OperatorLink,
+        key: Key,
+        acc: &mut [T],
+        op: Op,
+        root: Option<usize>,
+    ) -> Result<(), Error> {
+        let f = &self.inner.fabric;
+        link.reduce(
+            mix(key.comm, key.tag),
+            (self.rank(), self.size()),
+            root,
+            acc,
+            op,
+            || f.deadline(),
+        )
+        .await
     }
 
     pub(crate) fn choose(&self, c: Collective, bytes: usize) -> Algorithm {
@@ -433,6 +489,12 @@ impl Communicator {
         let key = self.next_key();
         async move {
             let mut acc = data.to_vec();
+            if let Some(link) = self.operator() {
+                self.check_rank(root, "root")?;
+                self.reduce_via(&link, key, &mut acc, op, Some(root))
+                    .await?;
+                return Ok((self.rank() == root).then_some(acc));
+            }
             let at_root = self.reduce_with(key, &mut acc, op, root, None).await?;
             Ok(at_root.then_some(acc))
         }
@@ -448,6 +510,10 @@ impl Communicator {
     ) -> impl Future<Output = Result<(), Error>> + 'a {
         let key = self.next_key();
         async move {
+            if let Some(link) = self.operator() {
+                self.check_rank(root, "root")?;
+                return self.reduce_via(&link, key, buf, op, Some(root)).await;
+            }
             self.reduce_with(key, buf, op, root, None).await?;
             Ok(())
         }
@@ -534,6 +600,9 @@ impl Communicator {
         let (n, r) = (self.size(), self.rank());
         if n == 1 {
             return Ok(());
+        }
+        if let Some(link) = self.operator() {
+            return self.reduce_via(&link, key, acc, op, None).await;
         }
         match self.choose(Collective::Allreduce, acc.len() * T::SIZE) {
             Algorithm::Linear | Algorithm::BinomialTree => {

@@ -39,6 +39,7 @@
 mod comm;
 pub mod datatype;
 pub mod frame;
+pub mod operator;
 pub mod stream;
 pub mod transport;
 pub mod tuning;
@@ -46,6 +47,7 @@ pub mod world;
 
 pub use comm::Communicator;
 pub use datatype::{Datatype, Element, Op};
+pub use operator::{OperatorStats, ReductionOperator};
 pub use stream::ChunkStream;
 pub use transport::Stats;
 pub use tuning::{Algorithm, Collective, Rule, Tuning};

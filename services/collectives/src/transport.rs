@@ -70,8 +70,8 @@ pub(crate) enum Item {
 }
 
 #[derive(Default)]
-struct InboxState {
-    data: HashMap<Key, VecDeque<(Item, u64)>>,
+pub(crate) struct InboxState {
+    pub(crate) data: HashMap<Key, VecDeque<(Item, u64)>>,
     cts: HashMap<Key, VecDeque<(u64, u64)>>,
     /// Why the peer is gone, once it is.
     closed: Option<String>,
@@ -89,7 +89,7 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, key: Key, item: Item, cost: u64) {
+    pub(crate) fn push(&self, key: Key, item: Item, cost: u64) {
         self.lock()
             .data
             .entry(key)
@@ -107,13 +107,13 @@ impl Inbox {
         self.notify.notify_waiters();
     }
 
-    fn close(&self, reason: String) {
+    pub(crate) fn close(&self, reason: String) {
         self.lock().closed.get_or_insert(reason);
         self.notify.notify_waiters();
     }
 
     /// Waits until `take` finds something, the peer is gone or `deadline`.
-    async fn wait<R>(
+    pub(crate) async fn wait<R>(
         &self,
         peer: usize,
         deadline: Instant,
@@ -145,7 +145,7 @@ impl Inbox {
     }
 }
 
-fn pop<V>(map: &mut HashMap<Key, VecDeque<V>>, key: Key) -> Option<V> {
+pub(crate) fn pop<V>(map: &mut HashMap<Key, VecDeque<V>>, key: Key) -> Option<V> {
     let q = map.get_mut(&key)?;
     let v = q.pop_front();
     if q.is_empty() {

@@ -280,6 +280,7 @@ pub async fn join(
         eager_threshold: AtomicUsize::new(options.eager_threshold),
         tuning: RwLock::new(options.tuning),
         stats,
+        operator: RwLock::new(None),
     });
     let id = spec
         .job
