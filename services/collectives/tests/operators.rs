@@ -209,3 +209,38 @@ async fn disagreeing_operands_are_refused_and_no_rank_hangs() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_world_option_names_the_operator() {
+    let (daemon, dir) = common::daemon("oprw").await;
+    let operator = ReductionOperator::start(Client::connect(&dir).await.unwrap(), "coll-op-w")
+        .await
+        .unwrap();
+    let joins = (0..3).map(|rank| {
+        let dir = dir.clone();
+        tokio::spawn(async move {
+            let client = Client::connect(&dir).await?;
+            let spec = uniplane_collectives::WorldSpec {
+                job: "oprw".into(),
+                rank,
+                size: 3,
+            };
+            let options = Options {
+                reduction_operator: Some("coll-op-w".into()),
+                ..options()
+            };
+            let comm = uniplane_collectives::join(client, &spec, options).await?;
+            comm.allreduce(&[rank as i32 + 1, 10], Op::Sum).await
+        })
+    });
+    let got = tokio::time::timeout(common::STEP, futures_util::future::join_all(joins))
+        .await
+        .expect("every rank finishes in time");
+    for g in got {
+        assert_eq!(g.expect("rank task").expect("allreduce"), vec![6, 30]);
+    }
+    assert_eq!(operator.stats().connections.load(Ordering::Relaxed), 3);
+    assert_eq!(operator.stats().segments.load(Ordering::Relaxed), 1);
+    daemon.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
