@@ -9,6 +9,7 @@ use futures_util::future::{try_join, try_join_all};
 use tokio::time::Instant;
 use uniplane_client::Session;
 
+use crate::compress::RelayLink;
 use crate::datatype::{to_bytes, Element, Op};
 use crate::frame::Key;
 use crate::operator::OperatorLink;
@@ -34,6 +35,8 @@ pub(crate) struct Fabric {
     /// The reduction operator endpoint allreduce and reduce go through,
     /// when one is set.
     pub(crate) operator: RwLock<Option<Arc<OperatorLink>>>,
+    /// The compression pair data messages go through, when one is set.
+    pub(crate) relay: RwLock<Option<Arc<RelayLink>>>,
 }
 
 impl Fabric {
@@ -45,6 +48,16 @@ impl Fabric {
         let peer = &self.peers[to];
         let deadline = self.deadline();
         let eager_max = (self.limits.window / 2 - OVERHEAD) as usize;
+        if to != self.rank {
+            let relay = self.relay.read().unwrap_or_else(|e| e.into_inner()).clone();
+            if let (Some(relay), Some(uid)) = (relay, peer.uid()) {
+                if data.len() <= u32::MAX as usize {
+                    return relay
+                        .send(peer, uid, key, data, self.limits.window, deadline)
+                        .await;
+                }
+            }
+        }
         let threshold = self.eager_threshold.load(Ordering::Relaxed).min(eager_max);
         if data.len() <= threshold || to == self.rank {
             peer.send_eager(key, data, deadline, &self.stats).await
@@ -259,6 +272,44 @@ impl Communicator {
             || f.deadline(),
         )
         .await
+    }
+
+    /// Sends every later data message of the process to another rank
+    /// through the compression pair: the compressor `c` and the
+    /// decompressor `d` (resources listening on
+    /// [`crate::compress::COMPRESSION_PORT`], see
+    /// [`crate::compress::CompressionOperator`]); `None` sends directly
+    /// again. Collective: every rank calls it; it ends with a barrier, so
+    /// every rank is known to the decompressor before any data goes.
+    pub async fn use_compression(&self, pair: Option<(&str, &str)>) -> Result<(), Error> {
+        let f = &self.inner.fabric;
+        let link = match pair {
+            Some(pair) => {
+                let weak = Arc::downgrade(f);
+                let peers = Arc::new(move |src: usize| {
+                    weak.upgrade()
+                        .and_then(|f| f.peers.get(src).and_then(Peer::linked_inbox))
+                });
+                Some(Arc::new(
+                    RelayLink::connect(
+                        &f.session,
+                        pair,
+                        f.rank,
+                        peers,
+                        f.limits.window,
+                        f.deadline(),
+                    )
+                    .await?,
+                ))
+            }
+            None => None,
+        };
+        // Direct: every rank's HELLO went out before anyone relays.
+        let old = f.relay.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.barrier().await?;
+        drop(old);
+        *f.relay.write().unwrap_or_else(|e| e.into_inner()) = link;
+        Ok(())
     }
 
     pub(crate) fn choose(&self, c: Collective, bytes: usize) -> Algorithm {

@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 
 mod comm;
+pub mod compress;
 pub mod datatype;
 pub mod frame;
 pub mod operator;
@@ -46,6 +47,7 @@ pub mod tuning;
 pub mod world;
 
 pub use comm::Communicator;
+pub use compress::{CompressionOperator, CompressionStats};
 pub use datatype::{Datatype, Element, Op};
 pub use operator::{OperatorStats, ReductionOperator};
 pub use stream::ChunkStream;

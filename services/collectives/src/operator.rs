@@ -433,7 +433,7 @@ impl OperatorLink {
         name: &str,
         deadline: Instant,
     ) -> Result<OperatorLink, Error> {
-        let uid = find(session, name, deadline).await?;
+        let uid = find(session, name, OPERATOR_PORT, deadline).await?;
         let conn = tokio::time::timeout_at(deadline, session.connect(uid.port(OPERATOR_PORT)))
             .await
             .map_err(|_| Error::Setup(format!("connecting to operator {name} timed out")))??;
@@ -566,8 +566,13 @@ async fn link_pump(mut conn: Connection, mut out: mpsc::Receiver<Bytes>, inbox: 
     inbox.close(reason);
 }
 
-/// The UID of the resource `name` listening on [`OPERATOR_PORT`].
-async fn find(session: &Session, name: &str, deadline: Instant) -> Result<Uid, Error> {
+/// The UID of the resource `name` listening on `port`.
+pub(crate) async fn find(
+    session: &Session,
+    name: &str,
+    port: u16,
+    deadline: Instant,
+) -> Result<Uid, Error> {
     let mut pause = std::time::Duration::from_millis(1);
     loop {
         let list = session
@@ -581,10 +586,7 @@ async fn find(session: &Session, name: &str, deadline: Instant) -> Result<Uid, E
             let listening = r
                 .get("listening")
                 .and_then(|l| l.as_array())
-                .is_some_and(|l| {
-                    l.iter()
-                        .any(|p| p.as_u64() == Some(u64::from(OPERATOR_PORT)))
-                });
+                .is_some_and(|l| l.iter().any(|p| p.as_u64() == Some(u64::from(port))));
             if let (true, Some(uid)) = (
                 listening,
                 r.get("uid")
@@ -596,7 +598,7 @@ async fn find(session: &Session, name: &str, deadline: Instant) -> Result<Uid, E
         }
         if Instant::now() + pause > deadline {
             return Err(Error::Setup(format!(
-                "no operator named {name} listens on port {OPERATOR_PORT}"
+                "no resource named {name} listens on port {port}"
             )));
         }
         tokio::time::sleep(pause).await;

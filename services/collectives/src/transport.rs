@@ -233,6 +233,42 @@ impl Peer {
         }
     }
 
+    /// The peer's world rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Its inbox, for a peer reached over a connection.
+    pub(crate) fn linked_inbox(&self) -> Option<Arc<Inbox>> {
+        self.link.as_ref().map(|_| self.inbox.clone())
+    }
+
+    /// The peer's UID, for a peer reached over a connection.
+    pub(crate) fn uid(&self) -> Option<Uid> {
+        self.link.as_ref().map(|l| l.uid)
+    }
+
+    /// Takes `cost` bytes of the peer's window, for data that reaches it
+    /// another way (through the compression pair).
+    pub(crate) async fn take_credit(&self, cost: u64, deadline: Instant) -> Result<(), Error> {
+        let Some(l) = &self.link else {
+            return Err(Error::Protocol("credit from oneself".into()));
+        };
+        let credits = u32::try_from(cost).map_err(|_| Error::Protocol("frame too large".into()))?;
+        let permit = tokio::time::timeout_at(deadline, l.credits.acquire_many(credits))
+            .await
+            .map_err(|_| Error::Timeout {
+                peer: self.rank,
+                what: "send credit",
+            })?
+            .map_err(|_| Error::PeerGone {
+                peer: self.rank,
+                reason: "connection closed".into(),
+            })?;
+        permit.forget();
+        Ok(())
+    }
+
     /// Gives `cost` bytes of our window back to the peer (batched).
     fn consumed(&self, cost: u64, limits: &Limits) {
         if let Some(l) = &self.link {

@@ -288,6 +288,7 @@ pub async fn join(
         tuning: RwLock::new(options.tuning),
         stats,
         operator: RwLock::new(None),
+        relay: RwLock::new(None),
     });
     let id = spec
         .job
