@@ -16,6 +16,12 @@
 //! one-sided and says so). Collectives pick an algorithm per call from a
 //! [`Tuning`] table by size and rank count.
 //!
+//! Calls also come in a streaming form ([`stream`]: input as chunks that
+//! arrive over time, results segment by segment), and can be sent through
+//! operator endpoints, each a resource with its own UID: a reduction
+//! operator ([`operator`]) for allreduce and reduce, and a compression
+//! pair ([`compress`]) for data messages.
+//!
 //! # Example
 //!
 //! ```no_run
