@@ -106,7 +106,14 @@ pub struct CollConfig {
     /// tunnel on loopback, ranks alternating between them (and OpenMPI
     /// over its TCP transport, MPICH not run).
     pub stack: String,
+    /// Also run the uniplane side with allreduce and reduce through a
+    /// reduction operator endpoint (its own session of the first daemon),
+    /// in the same invocation as the plain path.
+    pub operator: bool,
 }
+
+/// The operator endpoint's name in the benchmark.
+const OPERATOR: &str = "coll-op-bench";
 
 /// The sizes of `--sizes` (up to 64 MiB): see
 /// [`crate::sizes::parse_byte_sizes`].
@@ -140,7 +147,11 @@ fn find_tool(tool: &str) -> Option<PathBuf> {
 }
 
 /// Runs the uniplane side; the figures per size, in order.
-fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchError> {
+fn run_uniplane(
+    cfg: &CollConfig,
+    sizes: &[usize],
+    operator: bool,
+) -> Result<Vec<Point>, BenchError> {
     let binary = cfg
         .uniplaned
         .clone()
@@ -152,6 +163,46 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
         })?;
     let daemons = start_daemons(&binary, cfg)?;
     let dirs: Vec<PathBuf> = daemons.iter().map(|d| d.runtime_dir().to_owned()).collect();
+    // The operator endpoint runs on a thread of its own until `stop` drops.
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    if operator {
+        let dir = dirs[0].clone();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("operator".into())
+            .spawn(move || {
+                let started = crate::path::runtime().map_err(|e| e.to_string()).map(|rt| {
+                    let op = rt.block_on(async {
+                        let client = Client::connect(&dir).await.map_err(|e| e.to_string())?;
+                        uniplane_collectives::ReductionOperator::start(client, OPERATOR)
+                            .await
+                            .map_err(|e| e.to_string())
+                    });
+                    (rt, op)
+                });
+                match started {
+                    Ok((rt, Ok(op))) => {
+                        let _ = ready_tx.send(Ok(()));
+                        // Serve until the benchmark drops `stop`.
+                        rt.block_on(async {
+                            let _ = tokio::task::spawn_blocking(move || stopped.recv()).await;
+                        });
+                        drop(op);
+                    }
+                    Ok((_, Err(e))) | Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|source| BenchError::Thread {
+                what: "operator",
+                source,
+            })?;
+        ready
+            .recv()
+            .map_err(|_| BenchError::Config("the operator thread ended".into()))?
+            .map_err(|e| BenchError::Config(format!("operator endpoint: {e}")))?;
+    }
     let wait = match cfg.wait {
         WaitMode::Busy => Wait::Busy,
         // Parking at once: a spin happens inside the session task's poll
@@ -189,6 +240,11 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
                         if let Some(t) = cfg.eager_threshold {
                             comm.set_eager_threshold(t);
                         }
+                        if operator {
+                            comm.use_reduction_operator(Some(OPERATOR))
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        }
                         let mut out = Vec::new();
                         for &size in &sizes {
                             out.push(
@@ -215,6 +271,7 @@ fn run_uniplane(cfg: &CollConfig, sizes: &[usize]) -> Result<Vec<Point>, BenchEr
             .map_err(|e| BenchError::Config(format!("uniplane side: {e}")))?;
         per_rank.push(r);
     }
+    drop(stop);
     drop(daemons);
     Ok((0..sizes.len())
         .map(|i| {
@@ -442,7 +499,12 @@ pub fn run_collectives(cfg: &CollConfig) -> Result<Value, BenchError> {
     } else {
         cfg.sizes.clone()
     };
-    let ours = run_uniplane(cfg, &sizes)?;
+    let ours = run_uniplane(cfg, &sizes, false)?;
+    let via_operator = if cfg.operator && matches!(cfg.op, CollOp::Allreduce | CollOp::Reduce) {
+        Some(run_uniplane(cfg, &sizes, true)?)
+    } else {
+        None
+    };
     let dir = scratch_dir("collectives")?;
     let (openmpi, mpich) = if !cfg.mpi {
         (Err("not run".into()), Err("not run".into()))
@@ -482,6 +544,7 @@ pub fn run_collectives(cfg: &CollConfig) -> Result<Value, BenchError> {
             json!({
                 "size": size,
                 "uniplane_us": ours[i].avg_us,
+                "uniplane_operator_us": via_operator.as_ref().map(|p| p[i].avg_us),
                 "openmpi_us": side(&openmpi, i, |p| p.avg_us),
                 "mpich_us": side(&mpich, i, |p| p.avg_us),
                 "p50_us": {
@@ -491,6 +554,7 @@ pub fn run_collectives(cfg: &CollConfig) -> Result<Value, BenchError> {
                 },
                 "cpu_us_per_op": {
                     "uniplane": ours[i].cpu_us,
+                    "uniplane_operator": via_operator.as_ref().map(|p| p[i].cpu_us),
                     "openmpi": side(&openmpi, i, |p| p.cpu_us),
                     "mpich": side(&mpich, i, |p| p.cpu_us),
                 },

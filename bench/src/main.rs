@@ -130,6 +130,9 @@ struct CollectivesArgs {
     /// Skip OpenMPI and MPICH.
     #[arg(long)]
     no_mpi: bool,
+    /// Also run allreduce/reduce through a reduction operator endpoint (same run).
+    #[arg(long)]
+    operator: bool,
     /// The uniplaned binary (default: the one next to this program).
     #[arg(long)]
     uniplaned: Option<PathBuf>,
@@ -2034,6 +2037,7 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         mpi: !a.no_mpi,
         eager_threshold: a.eager,
         stack: a.stack.clone(),
+        operator: a.operator,
     };
     let ticker = Ticker::start(cli, "collectives", None);
     let r = run_collectives(&cfg)?;
@@ -2059,6 +2063,17 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
             us(&p["cpu_us_per_op"]["mpich"]),
         );
     }
+    if a.operator {
+        println!("  through the reduction operator endpoint (same run):");
+        for p in r["points"].as_array().into_iter().flatten() {
+            println!(
+                "  {:>9} {:>10} {:>9}",
+                p["size"].as_u64().unwrap_or(0),
+                us(&p["uniplane_operator_us"]),
+                us(&p["cpu_us_per_op"]["uniplane_operator"]),
+            );
+        }
+    }
     for lib in ["openmpi", "mpich"] {
         if let Some(why) = r[lib].as_str() {
             println!("  {lib}: {why}");
@@ -2075,6 +2090,7 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         };
         let lines = [
             ("uniplane", line("uniplane_us")),
+            ("uniplane via operator", line("uniplane_operator_us")),
             ("OpenMPI", line("openmpi_us")),
             ("MPICH", line("mpich_us")),
         ];
@@ -2092,7 +2108,7 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
         )?;
         println!("  plot: {}", path.display());
     }
-    let params = json!({ "op": a.op, "ranks": a.ranks, "sizes": sizes, "stack": a.stack, "wait": a.wait, "iterations": a.iterations, "eager": a.eager });
+    let params = json!({ "op": a.op, "ranks": a.ranks, "sizes": sizes, "stack": a.stack, "wait": a.wait, "iterations": a.iterations, "eager": a.eager, "operator": a.operator });
     emit(cli.json, &Report::new("collectives", params, r))
 }
 

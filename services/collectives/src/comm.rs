@@ -9,8 +9,10 @@ use futures_util::future::{try_join, try_join_all};
 use tokio::time::Instant;
 use uniplane_client::Session;
 
+use crate::compress::RelayLink;
 use crate::datatype::{to_bytes, Element, Op};
 use crate::frame::Key;
+use crate::operator::OperatorLink;
 use crate::transport::{Limits, Peer, Stats, OVERHEAD};
 use crate::tuning::{Algorithm, Collective, Tuning};
 use crate::Error;
@@ -30,6 +32,11 @@ pub(crate) struct Fabric {
     pub(crate) eager_threshold: AtomicUsize,
     pub(crate) tuning: RwLock<Tuning>,
     pub(crate) stats: Arc<Stats>,
+    /// The reduction operator endpoint allreduce and reduce go through,
+    /// when one is set.
+    pub(crate) operator: RwLock<Option<Arc<OperatorLink>>>,
+    /// The compression pair data messages go through, when one is set.
+    pub(crate) relay: RwLock<Option<Arc<RelayLink>>>,
 }
 
 impl Fabric {
@@ -41,6 +48,16 @@ impl Fabric {
         let peer = &self.peers[to];
         let deadline = self.deadline();
         let eager_max = (self.limits.window / 2 - OVERHEAD) as usize;
+        if to != self.rank {
+            let relay = self.relay.read().unwrap_or_else(|e| e.into_inner()).clone();
+            if let (Some(relay), Some(uid)) = (relay, peer.uid()) {
+                if data.len() <= u32::MAX as usize {
+                    return relay
+                        .send(peer, uid, key, data, self.limits.window, deadline)
+                        .await;
+                }
+            }
+        }
         let threshold = self.eager_threshold.load(Ordering::Relaxed).min(eager_max);
         if data.len() <= threshold || to == self.rank {
             peer.send_eager(key, data, deadline, &self.stats).await
@@ -138,6 +155,11 @@ impl Communicator {
         self.inner.rank
     }
 
+    /// The communicator's context id (what its messages' keys carry).
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.inner.members.len()
@@ -200,7 +222,97 @@ impl Communicator {
         &self.inner.fabric.stats
     }
 
-    fn choose(&self, c: Collective, bytes: usize) -> Algorithm {
+    /// Sends every later `allreduce` and `reduce` (of every communicator
+    /// of the process) through the reduction operator endpoint named
+    /// `name` (a resource of the daemon listening on
+    /// [`crate::operator::OPERATOR_PORT`], see
+    /// [`crate::operator::ReductionOperator`]); `None` returns to the
+    /// ranks' own algorithms. Every rank must make the same choice before
+    /// its next reduction.
+    pub async fn use_reduction_operator(&self, name: Option<&str>) -> Result<(), Error> {
+        let f = &self.inner.fabric;
+        let link = match name {
+            Some(name) => Some(Arc::new(
+                OperatorLink::connect(&f.session, name, f.deadline()).await?,
+            )),
+            None => None,
+        };
+        *f.operator.write().unwrap_or_else(|e| e.into_inner()) = link;
+        Ok(())
+    }
+
+    fn operator(&self) -> Option<Arc<OperatorLink>> {
+        if self.size() == 1 {
+            return None;
+        }
+        self.inner
+            .fabric
+            .operator
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reduces through the operator endpoint `link`.
+    async fn reduce_via<T: Element>(
+        &self,
+        link: &OperatorLink,
+        key: Key,
+        acc: &mut [T],
+        op: Op,
+        root: Option<usize>,
+    ) -> Result<(), Error> {
+        let f = &self.inner.fabric;
+        link.reduce(
+            mix(key.comm, key.tag),
+            (self.rank(), self.size()),
+            root,
+            acc,
+            op,
+            || f.deadline(),
+        )
+        .await
+    }
+
+    /// Sends every later data message of the process to another rank
+    /// through the compression pair: the compressor `c` and the
+    /// decompressor `d` (resources listening on
+    /// [`crate::compress::COMPRESSION_PORT`], see
+    /// [`crate::compress::CompressionOperator`]); `None` sends directly
+    /// again. Collective: every rank calls it; it ends with a barrier, so
+    /// every rank is known to the decompressor before any data goes.
+    pub async fn use_compression(&self, pair: Option<(&str, &str)>) -> Result<(), Error> {
+        let f = &self.inner.fabric;
+        let link = match pair {
+            Some(pair) => {
+                let weak = Arc::downgrade(f);
+                let peers = Arc::new(move |src: usize| {
+                    weak.upgrade()
+                        .and_then(|f| f.peers.get(src).and_then(Peer::linked_inbox))
+                });
+                Some(Arc::new(
+                    RelayLink::connect(
+                        &f.session,
+                        pair,
+                        f.rank,
+                        peers,
+                        f.limits.window,
+                        f.deadline(),
+                    )
+                    .await?,
+                ))
+            }
+            None => None,
+        };
+        // Direct: every rank's HELLO went out before anyone relays.
+        let old = f.relay.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.barrier().await?;
+        drop(old);
+        *f.relay.write().unwrap_or_else(|e| e.into_inner()) = link;
+        Ok(())
+    }
+
+    pub(crate) fn choose(&self, c: Collective, bytes: usize) -> Algorithm {
         self.inner
             .fabric
             .tuning
@@ -209,7 +321,7 @@ impl Communicator {
             .choose(c, self.size(), bytes)
     }
 
-    fn next_key(&self) -> Key {
+    pub(crate) fn next_key(&self) -> Key {
         let seq = self.inner.next_collective.fetch_add(1, Ordering::Relaxed);
         Key {
             comm: self.inner.id,
@@ -368,7 +480,7 @@ impl Communicator {
         }
     }
 
-    async fn bcast_with<T: Element>(
+    pub(crate) async fn bcast_with<T: Element>(
         &self,
         key: Key,
         buf: &mut [T],
@@ -428,6 +540,12 @@ impl Communicator {
         let key = self.next_key();
         async move {
             let mut acc = data.to_vec();
+            if let Some(link) = self.operator() {
+                self.check_rank(root, "root")?;
+                self.reduce_via(&link, key, &mut acc, op, Some(root))
+                    .await?;
+                return Ok((self.rank() == root).then_some(acc));
+            }
             let at_root = self.reduce_with(key, &mut acc, op, root, None).await?;
             Ok(at_root.then_some(acc))
         }
@@ -443,6 +561,10 @@ impl Communicator {
     ) -> impl Future<Output = Result<(), Error>> + 'a {
         let key = self.next_key();
         async move {
+            if let Some(link) = self.operator() {
+                self.check_rank(root, "root")?;
+                return self.reduce_via(&link, key, buf, op, Some(root)).await;
+            }
             self.reduce_with(key, buf, op, root, None).await?;
             Ok(())
         }
@@ -520,7 +642,7 @@ impl Communicator {
         async move { self.allreduce_with(key, buf, op).await }
     }
 
-    async fn allreduce_with<T: Element>(
+    pub(crate) async fn allreduce_with<T: Element>(
         &self,
         key: Key,
         acc: &mut [T],
@@ -529,6 +651,9 @@ impl Communicator {
         let (n, r) = (self.size(), self.rank());
         if n == 1 {
             return Ok(());
+        }
+        if let Some(link) = self.operator() {
+            return self.reduce_via(&link, key, acc, op, None).await;
         }
         match self.choose(Collective::Allreduce, acc.len() * T::SIZE) {
             Algorithm::Linear | Algorithm::BinomialTree => {

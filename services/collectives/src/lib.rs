@@ -16,6 +16,12 @@
 //! one-sided and says so). Collectives pick an algorithm per call from a
 //! [`Tuning`] table by size and rank count.
 //!
+//! Calls also come in a streaming form ([`stream`]: input as chunks that
+//! arrive over time, results segment by segment), and can be sent through
+//! operator endpoints, each a resource with its own UID: a reduction
+//! operator ([`operator`]) for allreduce and reduce, and a compression
+//! pair ([`compress`]) for data messages.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -37,14 +43,20 @@
 #![deny(missing_docs)]
 
 mod comm;
+pub mod compress;
 pub mod datatype;
 pub mod frame;
+pub mod operator;
+pub mod stream;
 pub mod transport;
 pub mod tuning;
 pub mod world;
 
 pub use comm::Communicator;
+pub use compress::{CompressionOperator, CompressionStats};
 pub use datatype::{Datatype, Element, Op};
+pub use operator::{OperatorStats, ReductionOperator};
+pub use stream::ChunkStream;
 pub use transport::Stats;
 pub use tuning::{Algorithm, Collective, Rule, Tuning};
 pub use world::{init, join, Options, WorldSpec};

@@ -70,8 +70,8 @@ pub(crate) enum Item {
 }
 
 #[derive(Default)]
-struct InboxState {
-    data: HashMap<Key, VecDeque<(Item, u64)>>,
+pub(crate) struct InboxState {
+    pub(crate) data: HashMap<Key, VecDeque<(Item, u64)>>,
     cts: HashMap<Key, VecDeque<(u64, u64)>>,
     /// Why the peer is gone, once it is.
     closed: Option<String>,
@@ -89,7 +89,7 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, key: Key, item: Item, cost: u64) {
+    pub(crate) fn push(&self, key: Key, item: Item, cost: u64) {
         self.lock()
             .data
             .entry(key)
@@ -107,13 +107,13 @@ impl Inbox {
         self.notify.notify_waiters();
     }
 
-    fn close(&self, reason: String) {
+    pub(crate) fn close(&self, reason: String) {
         self.lock().closed.get_or_insert(reason);
         self.notify.notify_waiters();
     }
 
     /// Waits until `take` finds something, the peer is gone or `deadline`.
-    async fn wait<R>(
+    pub(crate) async fn wait<R>(
         &self,
         peer: usize,
         deadline: Instant,
@@ -145,7 +145,7 @@ impl Inbox {
     }
 }
 
-fn pop<V>(map: &mut HashMap<Key, VecDeque<V>>, key: Key) -> Option<V> {
+pub(crate) fn pop<V>(map: &mut HashMap<Key, VecDeque<V>>, key: Key) -> Option<V> {
     let q = map.get_mut(&key)?;
     let v = q.pop_front();
     if q.is_empty() {
@@ -231,6 +231,42 @@ impl Peer {
                 pump,
             }),
         }
+    }
+
+    /// The peer's world rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Its inbox, for a peer reached over a connection.
+    pub(crate) fn linked_inbox(&self) -> Option<Arc<Inbox>> {
+        self.link.as_ref().map(|_| self.inbox.clone())
+    }
+
+    /// The peer's UID, for a peer reached over a connection.
+    pub(crate) fn uid(&self) -> Option<Uid> {
+        self.link.as_ref().map(|l| l.uid)
+    }
+
+    /// Takes `cost` bytes of the peer's window, for data that reaches it
+    /// another way (through the compression pair).
+    pub(crate) async fn take_credit(&self, cost: u64, deadline: Instant) -> Result<(), Error> {
+        let Some(l) = &self.link else {
+            return Err(Error::Protocol("credit from oneself".into()));
+        };
+        let credits = u32::try_from(cost).map_err(|_| Error::Protocol("frame too large".into()))?;
+        let permit = tokio::time::timeout_at(deadline, l.credits.acquire_many(credits))
+            .await
+            .map_err(|_| Error::Timeout {
+                peer: self.rank,
+                what: "send credit",
+            })?
+            .map_err(|_| Error::PeerGone {
+                peer: self.rank,
+                reason: "connection closed".into(),
+            })?;
+        permit.forget();
+        Ok(())
     }
 
     /// Gives `cost` bytes of our window back to the peer (batched).

@@ -150,6 +150,12 @@ pub struct Options {
     /// daemons (peered, so their UIDs route to each other) meet this way.
     /// Empty: only this rank's own daemon.
     pub also_ask: Vec<PathBuf>,
+    /// The name of a reduction operator endpoint
+    /// ([`crate::ReductionOperator`]) that every `allreduce` and `reduce`
+    /// goes through from the start (see
+    /// [`Communicator::use_reduction_operator`]); joining waits up to
+    /// `timeout` for it to appear. `None`: the ranks' own algorithms.
+    pub reduction_operator: Option<String>,
 }
 
 impl Default for Options {
@@ -163,6 +169,7 @@ impl Default for Options {
             wait: Wait::default(),
             tuning: Tuning::default(),
             also_ask: Vec::new(),
+            reduction_operator: None,
         }
     }
 }
@@ -280,12 +287,18 @@ pub async fn join(
         eager_threshold: AtomicUsize::new(options.eager_threshold),
         tuning: RwLock::new(options.tuning),
         stats,
+        operator: RwLock::new(None),
+        relay: RwLock::new(None),
     });
     let id = spec
         .job
         .bytes()
         .fold(0x636f_6c6c_u64, |h, b| mix(h, u64::from(b)));
-    Ok(Communicator::new(fabric, id, (0..spec.size).collect()))
+    let comm = Communicator::new(fabric, id, (0..spec.size).collect());
+    if let Some(name) = &options.reduction_operator {
+        comm.use_reduction_operator(Some(name)).await?;
+    }
+    Ok(comm)
 }
 
 /// The UID of every rank of `spec`, once all of them listen on `port`:
