@@ -62,10 +62,23 @@ After=uniplaned.service
 Type=oneshot
 ExecStart=/bin/sh -c '\
   /usr/bin/uniplane status >/out/status.txt 2>&1; echo $? >/out/status.rc; \
+  /usr/bin/uniplane top --once >/out/top.txt 2>&1; echo $? >/out/top.rc; \
+  /usr/bin/bash /out/metrics.sh >/out/metrics.txt 2>&1; echo $? >/out/metrics.rc; \
   systemctl show -p Type,ActiveState,SubState uniplaned >/out/started.txt; \
   systemctl reload uniplaned; echo $? >/out/reload.rc; \
   systemctl stop uniplaned; systemctl show -p ActiveState,Result uniplaned >/out/stopped.txt'
 ExecStartPost=/bin/systemctl poweroff --no-block
+EOF
+
+# The metrics endpoint the packaged configuration names, fetched with
+# bash alone (no HTTP client is needed in the container).
+metrics_at=$(sed -n 's/^metrics *= *"\([0-9.]*\):\([0-9]*\)".*/\1 \2/p' "$root/etc/uniplane/uniplaned.toml")
+[ -n "$metrics_at" ] || { echo "the packaged configuration names no metrics endpoint" >&2; exit 1; }
+read -r metrics_host metrics_port <<<"$metrics_at"
+cat >"$out/metrics.sh" <<EOF
+exec 3<>/dev/tcp/$metrics_host/$metrics_port
+printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+cat <&3
 EOF
 
 # The container's network is loopback only: waiting for it to be "online"
@@ -122,9 +135,14 @@ grep -q '^server ' "$out/status.txt" || fail "uniplane status did not name the s
 for want in Type=notify ActiveState=active SubState=running; do
   grep -qx "$want" "$out/started.txt" || fail "uniplaned.service: want $want"
 done
+[ "$(cat "$out/top.rc" 2>/dev/null)" = 0 ] || fail "uniplane top --once failed in the container"
+grep -qi 'ports' "$out/top.txt" || fail "uniplane top showed no ports"
+[ "$(cat "$out/metrics.rc" 2>/dev/null)" = 0 ] || fail "the metrics endpoint did not answer"
+grep -qE '^HTTP/1\.[01] 200' "$out/metrics.txt" || fail "the metrics endpoint did not answer 200"
+grep -q '^uniplane_' "$out/metrics.txt" || fail "the metrics endpoint served no uniplane metric"
 [ "$(cat "$out/reload.rc")" = 0 ] || fail "systemctl reload uniplaned failed"
 for want in ActiveState=inactive Result=success; do
   grep -qx "$want" "$out/stopped.txt" || fail "stopped uniplaned.service: want $want"
 done
-echo "systemd started uniplaned.service (Type=notify), uniplane status answered," \
+echo "systemd started uniplaned.service (Type=notify), uniplane status, top and the metrics endpoint answered," \
   "reload and stop succeeded ($(($(date +%s) - start)) s)"
