@@ -32,6 +32,8 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::mpsc;
+
+use crate::endpoint::Event;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use uniplane_client::{Client, Connection, Session};
@@ -213,11 +215,6 @@ impl CompressionOperator {
     }
 }
 
-enum Event {
-    Joined(usize, mpsc::Sender<Bytes>),
-    Frame(usize, Bytes),
-}
-
 async fn serve(
     session: Session,
     mut listener: uniplane_client::Listener,
@@ -233,9 +230,7 @@ async fn serve(
         tokio::select! {
             c = listener.accept() => {
                 let Some(conn) = c else { break };
-                let (tx, rx) = mpsc::channel(64);
-                let _ = events_tx.send(Event::Joined(index, tx)).await;
-                tokio::spawn(connection(index, conn, rx, events_tx.clone()));
+                crate::endpoint::join(index, conn, &events_tx).await;
                 index += 1;
             }
             Some(e) = events.recv() => match e {
@@ -243,6 +238,9 @@ async fn serve(
                     debug_assert_eq!(i, conns.len());
                     conns.push(tx);
                 }
+                // Nothing waits on one connection: a rank's relayed
+                // segments are whole frames.
+                Event::Left(_) => {}
                 Event::Frame(i, payload) => {
                     let (h, data) = match Header::parse(&payload) {
                         Ok(x) => x,
@@ -316,34 +314,6 @@ async fn serve(
         }
     }
     drop(session);
-}
-
-async fn connection(
-    me: usize,
-    mut conn: Connection,
-    mut out: mpsc::Receiver<Bytes>,
-    events: mpsc::Sender<Event>,
-) {
-    loop {
-        tokio::select! {
-            m = conn.recv() => match m {
-                Some(Ok(m)) => {
-                    if events.send(Event::Frame(me, m.payload().clone())).await.is_err() {
-                        break;
-                    }
-                }
-                _ => break,
-            },
-            b = out.recv() => match b {
-                Some(b) => {
-                    if conn.send_bytes(b).await.is_err() {
-                        break;
-                    }
-                }
-                None => break,
-            },
-        }
-    }
 }
 
 // ── the rank's side ──────────────────────────────────────────────────

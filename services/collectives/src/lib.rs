@@ -45,6 +45,7 @@
 mod comm;
 pub mod compress;
 pub mod datatype;
+mod endpoint;
 pub mod frame;
 pub mod operator;
 pub mod stream;

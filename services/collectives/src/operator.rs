@@ -34,6 +34,8 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::mpsc;
+
+use crate::endpoint::Event;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use uniplane_client::{Client, Connection, Session};
@@ -202,13 +204,6 @@ struct Pending {
     got: usize,
 }
 
-enum Event {
-    Joined(usize, mpsc::Sender<Bytes>),
-    Frame(usize, Bytes),
-    /// The connection ended: segments it took part in can never finish.
-    Left(usize),
-}
-
 async fn serve(
     session: Session,
     mut listener: uniplane_client::Listener,
@@ -223,9 +218,7 @@ async fn serve(
         tokio::select! {
             c = listener.accept() => {
                 let Some(conn) = c else { break };
-                let (tx, rx) = mpsc::channel(64);
-                let _ = events_tx.send(Event::Joined(next, tx)).await;
-                tokio::spawn(connection(next, conn, rx, events_tx.clone()));
+                crate::endpoint::join(next, conn, &events_tx).await;
                 stats.connections.fetch_add(1, Ordering::Relaxed);
                 next += 1;
             }
@@ -257,36 +250,6 @@ async fn serve(
         }
     }
     drop(session);
-}
-
-/// Moves one rank's connection: frames in to the operator, results out.
-async fn connection(
-    me: usize,
-    mut conn: Connection,
-    mut out: mpsc::Receiver<Bytes>,
-    events: mpsc::Sender<Event>,
-) {
-    loop {
-        tokio::select! {
-            m = conn.recv() => match m {
-                Some(Ok(m)) => {
-                    if events.send(Event::Frame(me, m.payload().clone())).await.is_err() {
-                        break;
-                    }
-                }
-                _ => break,
-            },
-            b = out.recv() => match b {
-                Some(b) => {
-                    if conn.send_bytes(b).await.is_err() {
-                        break;
-                    }
-                }
-                None => break,
-            },
-        }
-    }
-    let _ = events.send(Event::Left(me)).await;
 }
 
 /// Folds one operand into its segment; sends the results when complete.
