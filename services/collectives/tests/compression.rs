@@ -9,17 +9,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{on_all, options, world};
+use common::{mix, on_all, options, world};
 use uniplane_client::Client;
 use uniplane_collectives::compress::Role;
 use uniplane_collectives::{CompressionOperator, Error, Op};
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// Compressible: long runs of small values; incompressible: a hash.
 fn input(compressible: bool, rank: usize, len: usize) -> Vec<i32> {

@@ -9,43 +9,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{on_all, options, world};
+use common::{data, on_all, options, world, Gen};
 use uniplane_client::Client;
 use uniplane_collectives::stream::SEGMENT_BYTES;
-use uniplane_collectives::{
-    Communicator, Datatype, Element, Error, Op, Options, ReductionOperator,
-};
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-trait Gen: Element + PartialEq {
-    fn gen(x: u64) -> Self;
-}
-macro_rules! gen_int {
-    ($($t:ty),*) => {$(impl Gen for $t { fn gen(x: u64) -> Self { x as $t } })*};
-}
-gen_int!(i8, i16, i32, i64, u8, u16, u32, u64);
-impl Gen for f32 {
-    fn gen(x: u64) -> Self {
-        (x % 17) as f32 - 8.0
-    }
-}
-impl Gen for f64 {
-    fn gen(x: u64) -> Self {
-        (x % 17) as f64 - 8.0
-    }
-}
-
-fn data<T: Gen>(seed: u64, rank: usize, len: usize) -> Vec<T> {
-    (0..len)
-        .map(|i| T::gen(mix(seed ^ mix(rank as u64) ^ mix(i as u64 + 7))))
-        .collect()
-}
+use uniplane_collectives::{Communicator, Datatype, Error, Op, Options, ReductionOperator};
 
 /// One rank's results of every case: allreduce and reduce (root: the
 /// last rank) of each datatype and operation, as bytes.

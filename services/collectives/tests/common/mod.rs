@@ -93,3 +93,40 @@ where
         .map(|r| r.expect("rank task"))
         .collect()
 }
+
+/// A 64-bit mix (splitmix64's finaliser): seeded test data.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Values of a type from a hash: integers take every bit pattern (so sums
+/// and products wrap), floats are small integers (so every order of
+/// summation is exact).
+pub trait Gen: uniplane_collectives::Element + PartialEq {
+    fn gen(x: u64) -> Self;
+}
+
+macro_rules! gen_int {
+    ($($t:ty),*) => {$(impl Gen for $t { fn gen(x: u64) -> Self { x as $t } })*};
+}
+gen_int!(i8, i16, i32, i64, u8, u16, u32, u64);
+impl Gen for f32 {
+    fn gen(x: u64) -> Self {
+        (x % 17) as f32 - 8.0
+    }
+}
+impl Gen for f64 {
+    fn gen(x: u64) -> Self {
+        (x % 17) as f64 - 8.0
+    }
+}
+
+/// `len` values of rank `rank` for case `seed`.
+pub fn data<T: Gen>(seed: u64, rank: usize, len: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::gen(mix(seed ^ mix(rank as u64) ^ mix(i as u64 + 7))))
+        .collect()
+}
