@@ -315,6 +315,29 @@ pub struct RowResult {
     pub seconds: f64,
 }
 
+impl RowResult {
+    /// `row` with no figures: `status` (skipped or failed) and why.
+    fn without_figures(row: &Row, command: String, status: &'static str, why: String) -> RowResult {
+        RowResult {
+            id: row.id,
+            what: row.what,
+            command,
+            status,
+            reason: Some(why),
+            ours: None,
+            peer: None,
+            peer_name: row.peer.map(|p| p.1),
+            ratio: None,
+            ratio_of: None,
+            unit: row.unit,
+            higher_is_better: row.higher_is_better,
+            target: row.target,
+            target_met: None,
+            seconds: 0.0,
+        }
+    }
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -465,23 +488,7 @@ pub fn run_suite(
         let args = command_line(row, cfg.seconds);
         let command = format!("uniplane-bench {}", args.join(" "));
         if let Some(why) = unmet(row) {
-            out.push(RowResult {
-                id: row.id,
-                what: row.what,
-                command,
-                status: "skipped",
-                reason: Some(why),
-                ours: None,
-                peer: None,
-                peer_name: row.peer.map(|p| p.1),
-                ratio: None,
-                ratio_of: None,
-                unit: row.unit,
-                higher_is_better: row.higher_is_better,
-                target: row.target,
-                target_met: None,
-                seconds: 0.0,
-            });
+            out.push(RowResult::without_figures(row, command, "skipped", why));
             continue;
         }
         let limit = Duration::from_secs(cfg.seconds * 6 + 40);
@@ -495,23 +502,7 @@ pub fn run_suite(
             .clone();
         out.push(match r {
             Ok((v, cpu, secs)) => figures(row, &v, cpu, secs, command),
-            Err(why) => RowResult {
-                id: row.id,
-                what: row.what,
-                command,
-                status: "failed",
-                reason: Some(why),
-                ours: None,
-                peer: None,
-                peer_name: row.peer.map(|p| p.1),
-                ratio: None,
-                ratio_of: None,
-                unit: row.unit,
-                higher_is_better: row.higher_is_better,
-                target: row.target,
-                target_met: None,
-                seconds: 0.0,
-            },
+            Err(why) => RowResult::without_figures(row, command, "failed", why),
         });
     }
     Ok(out)
