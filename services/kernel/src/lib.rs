@@ -23,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod library;
 pub mod wire;
 
 /// Why a kernel refused a message: the typed error answer a caller gets.
