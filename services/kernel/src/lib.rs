@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod library;
+pub mod regex_stage;
 pub mod wire;
 
 /// Why a kernel refused a message: the typed error answer a caller gets.
@@ -55,6 +56,20 @@ pub enum KernelError {
         /// Its length.
         len: u64,
     },
+    /// An input longer than the kernel takes.
+    #[error("an input of {len} bytes is longer than the {limit} this kernel takes")]
+    InputTooLarge {
+        /// The input's length.
+        len: usize,
+        /// The most the kernel takes.
+        limit: usize,
+    },
+    /// A message whose own structure does not hold (a count past its end).
+    #[error("a malformed message of {len} bytes")]
+    Malformed {
+        /// The message's length.
+        len: usize,
+    },
 }
 
 impl KernelError {
@@ -65,6 +80,8 @@ impl KernelError {
             KernelError::Unsupported => 2,
             KernelError::AnswerTooLarge { .. } => 3,
             KernelError::OutOfRange { .. } => 4,
+            KernelError::InputTooLarge { .. } => 5,
+            KernelError::Malformed { .. } => 6,
         }
     }
 }
