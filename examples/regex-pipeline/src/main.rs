@@ -110,6 +110,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
                 max_input: 16_384,
                 chained: *chained,
                 relayed: *relayed,
+                stall_timeout_ms: 1000,
             };
             print!("{}", stages.devices(*server));
             Ok(ExitCode::SUCCESS)
