@@ -39,8 +39,9 @@ for need in "${NEEDS[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # Libraries without a command: DPDK 22.11 and libclang for the dpdk
-# feature's bindings (bindgen).
-for pkg in libdpdk-dev libclang-dev; do
+# feature's bindings (bindgen); the regex pipeline's OWASP Core Rule Set,
+# Hyperscan (its hyperscan feature) and PCRE2 (its one-core baseline).
+for pkg in libdpdk-dev libclang-dev modsecurity-crs libhyperscan-dev libpcre2-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
@@ -99,6 +100,12 @@ cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
 echo "==> GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
 cargo clippy -p uniplane-services -p uniplane-bench --features uniplane-services/gpu,uniplane-bench/gpu --all-targets -- -D warnings
 cargo test -p uniplane-services --features gpu --test gpu_memory
+echo "==> the regex pipeline's Hyperscan engine (uniplane-kernel, regex-pipeline, bench: --features hyperscan)"
+cargo clippy -p uniplane-kernel -p uniplane-regex-pipeline -p uniplane-bench \
+  --features uniplane-kernel/hyperscan,uniplane-regex-pipeline/hyperscan,uniplane-bench/hyperscan \
+  --all-targets -- -D warnings
+cargo test -p uniplane-kernel -p uniplane-regex-pipeline \
+  --features uniplane-kernel/hyperscan,uniplane-regex-pipeline/hyperscan
 echo "==> the Debian package: build it, unpack it, run what it installs"
 deb=$(scripts/package.sh | tail -n 1)
 pkgroot=$(mktemp -d)

@@ -34,6 +34,10 @@
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
+//! - [`app_regex`]: DUA's multi-regex matching application, three
+//!   stages chained through uniplane beside a relay through the CPU and
+//!   one PCRE2 core, per input size.
+//!
 //! - [`suite`]: the headline rows of the performance issue in one run,
 //!   one JSON file and one SVG summary.
 //!
@@ -42,6 +46,7 @@
 
 #![deny(missing_docs)]
 
+pub mod app_regex;
 pub mod args;
 pub mod clock;
 pub mod collectives;

@@ -95,6 +95,8 @@ enum Command {
     /// subcommand: ours, the peer, the ratio, the target; one JSON file and
     /// one SVG summary.
     Suite(SuiteArgs),
+    /// DUA's applications (NSDI'19 §8.2) through daemons started here.
+    App(AppArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -102,6 +104,19 @@ enum Command {
         /// Where to write them.
         dir: std::path::PathBuf,
     },
+}
+
+#[derive(Args)]
+struct AppArgs {
+    #[command(subcommand)]
+    app: AppCommand,
+}
+
+#[derive(Subcommand)]
+enum AppCommand {
+    /// Multi-regex matching (Fig. 13): three stages through uniplane, a
+    /// relay through the CPU and one PCRE2 core, per input size.
+    Regex(uniplane_bench::app_regex::RegexArgs),
 }
 
 #[derive(Args)]
@@ -2291,6 +2306,19 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("devices", params, r))
 }
 
+fn app_regex(cli: &Cli, a: &uniplane_bench::app_regex::RegexArgs) -> Result<(), BenchError> {
+    use uniplane_bench::app_regex::{print, run_regex};
+    let ticker = Ticker::start(cli, "app regex", None);
+    let r = run_regex(a)?;
+    drop(ticker);
+    print(&r);
+    let params = json!({
+        "app": "regex", "engine": a.engine, "sizes": a.sizes, "count": a.count,
+        "depth": a.depth, "seed": a.seed, "rules": a.rules,
+    });
+    emit(cli.json, &Report::new("app", params, r))
+}
+
 fn suite(cli: &Cli, a: &SuiteArgs) -> Result<(), BenchError> {
     use uniplane_bench::suite::{markdown, run_suite, target_text, RowResult, SuiteConfig};
     let with_ext = |ext: &str| {
@@ -2677,6 +2705,9 @@ fn main() -> ExitCode {
         Command::P2p(a) => p2p(&cli, a),
         Command::Hw(a) => hw(&cli, a),
         Command::Suite(a) => suite(&cli, a),
+        Command::App(a) => match &a.app {
+            AppCommand::Regex(r) => app_regex(&cli, r),
+        },
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)
