@@ -23,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod placement;
 pub mod run;
 
 pub use run::{run, Outcome, RunConfig, RunError};

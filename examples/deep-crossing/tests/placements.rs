@@ -1,0 +1,169 @@
+//! The same `deep-crossing` executable, run against daemons configured
+//! for each placement of the dense layers — one endpoint; two endpoints
+//! on one server over FPGA Connect, split after layer 1 and after layer
+//! 2; two endpoints on two servers over an LTL tunnel — prints the same
+//! digest of its outputs every time, and it is the digest of the model
+//! computed in the test's own process. Only the configuration differs.
+
+use std::net::Ipv4Addr;
+use std::path::{Path as FsPath, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use deep_crossing::placement::{render, Path, Placement, Servers};
+use deep_crossing::{reference_digest, Model, DEFAULT_NNZ};
+use serde_json::Value;
+use uniplane_services::client::{embedded, Client};
+use uniplane_services::config::Config;
+use uniplane_services::control::Request;
+use uniplane_services::Daemon;
+
+const DIMS: &str = "768,512,256,128,1";
+const SEED: u64 = 7;
+const COUNT: u64 = 24;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("deep-crossing-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits (bounded) until the daemon in `dir` says `ready` of its status.
+async fn until(dir: &FsPath, what: &str, ready: impl Fn(&Value) -> bool) {
+    let client = Client::connect(dir).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = client.request(&Request::Status).await.unwrap();
+        if ready(&status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never came to be: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The daemons of `placement`, started and ready (peers alive, the
+/// entry's chain up), with their runtime directories; server A's first.
+async fn start(
+    model: &Model,
+    placement: Placement,
+    name: &str,
+) -> (Vec<Daemon>, Vec<PathBuf>, String) {
+    let base = scratch(name);
+    let secret = base.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let port = || uniplane_netns::try_free_port().unwrap();
+    let servers = Servers {
+        ids: [Ipv4Addr::new(10, 20, 0, 1), Ipv4Addr::new(10, 20, 0, 2)],
+        peer_ports: [port(), port()],
+        tunnel_ports: [port(), port()],
+        secret,
+    };
+    let rendered = render(model, placement, Some(&servers)).unwrap();
+    let mut daemons = Vec::new();
+    let mut dirs = Vec::new();
+    for (i, text) in rendered.configs.iter().enumerate() {
+        let dir = base.join(format!("server{i}"));
+        let config = Config::parse(text, "placement").unwrap();
+        let (daemon, _client) = embedded(config, &dir).await.unwrap();
+        daemons.push(daemon);
+        dirs.push(dir);
+    }
+    if rendered.configs.len() > 1 {
+        for dir in &dirs {
+            until(dir, "the peer", |s| {
+                s["peers"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty() && p.iter().all(|x| x["alive"] == true))
+            })
+            .await;
+        }
+    }
+    if let Placement::Split { .. } = placement {
+        until(&dirs[0], "the chain", |s| {
+            s["devices"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["chain"]["up"] == true))
+        })
+        .await;
+    }
+    (daemons, dirs, rendered.entry)
+}
+
+/// Runs the `deep-crossing` executable against the daemon in `dir`
+/// (bounded), and returns the digest it printed.
+fn digest_of_binary(dir: &FsPath, entry: &str) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deep-crossing"))
+        .args(["--socket", &dir.display().to_string(), "--entry", entry])
+        .args(["--count", &COUNT.to_string(), "--seed", &SEED.to_string()])
+        .args(["--dims", DIMS, "--pipeline", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the deep-crossing executable starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("deep-crossing did not finish in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "deep-crossing failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("digest "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no digest line: {stdout}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_placement_prints_the_digest_of_the_reference() {
+    let model = Model::new(DIMS, SEED, DEFAULT_NNZ).unwrap();
+    let reference = reference_digest(&model, COUNT).hex();
+    let placements = [
+        ("single", Placement::Single),
+        (
+            "connect-2",
+            Placement::Split {
+                cut: 2,
+                path: Path::Connect,
+            },
+        ),
+        (
+            "connect-1",
+            Placement::Split {
+                cut: 1,
+                path: Path::Connect,
+            },
+        ),
+        (
+            "ltl",
+            Placement::Split {
+                cut: 2,
+                path: Path::Ltl,
+            },
+        ),
+    ];
+    for (name, placement) in placements {
+        let (daemons, dirs, entry) = start(&model, placement, name).await;
+        let dir = dirs[0].clone();
+        let digest = tokio::task::spawn_blocking(move || digest_of_binary(&dir, &entry))
+            .await
+            .unwrap();
+        assert_eq!(digest, reference, "placement {name}");
+        drop(daemons);
+        let _ = std::fs::remove_dir_all(dirs[0].parent().unwrap());
+    }
+}
