@@ -34,6 +34,10 @@
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
+//! - [`app_deep_crossing`]: DUA's deep crossing application, its dense
+//!   layers in one kernel endpoint or split over two (FPGA Connect, LTL,
+//!   TCP), latency and inferences/s in one run.
+//!
 //! - [`suite`]: the headline rows of the performance issue in one run,
 //!   one JSON file and one SVG summary.
 //!
@@ -42,6 +46,7 @@
 
 #![deny(missing_docs)]
 
+pub mod app_deep_crossing;
 pub mod args;
 pub mod clock;
 pub mod collectives;

@@ -95,6 +95,8 @@ enum Command {
     /// subcommand: ours, the peer, the ratio, the target; one JSON file and
     /// one SVG summary.
     Suite(SuiteArgs),
+    /// DUA's applications (NSDI'19 §8.2) through daemons started here.
+    App(AppArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -102,6 +104,19 @@ enum Command {
         /// Where to write them.
         dir: std::path::PathBuf,
     },
+}
+
+#[derive(Args)]
+struct AppArgs {
+    #[command(subcommand)]
+    app: AppCommand,
+}
+
+#[derive(Subcommand)]
+enum AppCommand {
+    /// Deep crossing (Fig. 12): latency and inferences/s with the dense
+    /// layers in one kernel endpoint and split over two, per path.
+    DeepCrossing(uniplane_bench::app_deep_crossing::DeepCrossingArgs),
 }
 
 #[derive(Args)]
@@ -2291,6 +2306,22 @@ fn kernel_devices(cli: &Cli, a: &DevicesArgs) -> Result<(), BenchError> {
     emit(cli.json, &Report::new("devices", params, r))
 }
 
+fn app_deep_crossing(
+    cli: &Cli,
+    a: &uniplane_bench::app_deep_crossing::DeepCrossingArgs,
+) -> Result<(), BenchError> {
+    use uniplane_bench::app_deep_crossing::{print, run_deep_crossing};
+    let ticker = Ticker::start(cli, "app deep-crossing", None);
+    let r = run_deep_crossing(a)?;
+    drop(ticker);
+    print(&r);
+    let params = json!({
+        "app": "deep-crossing", "count": a.count, "pipeline": a.pipeline, "seed": a.seed,
+        "dims": a.dims, "nnz": a.nnz, "cut": a.cut, "paths": a.paths,
+    });
+    emit(cli.json, &Report::new("app", params, r))
+}
+
 fn suite(cli: &Cli, a: &SuiteArgs) -> Result<(), BenchError> {
     use uniplane_bench::suite::{markdown, run_suite, target_text, RowResult, SuiteConfig};
     let with_ext = |ext: &str| {
@@ -2677,6 +2708,9 @@ fn main() -> ExitCode {
         Command::P2p(a) => p2p(&cli, a),
         Command::Hw(a) => hw(&cli, a),
         Command::Suite(a) => suite(&cli, a),
+        Command::App(a) => match &a.app {
+            AppCommand::DeepCrossing(d) => app_deep_crossing(&cli, d),
+        },
         Command::GenerateManual { dir } => {
             use clap::CommandFactory;
             uniplane_services::manual::write(Cli::command(), "1", dir)
