@@ -183,6 +183,17 @@ struct RawDevice {
     gpu: Option<Spanned<i64>>,
     transfer: Option<Spanned<String>>,
     direct_from: Option<Spanned<i64>>,
+    function: Option<Spanned<String>>,
+    pio_threshold: Option<Spanned<i64>>,
+    tokens: Option<Spanned<i64>>,
+    stall_timeout_ms: Option<Spanned<i64>>,
+    wait: Option<Spanned<String>>,
+    dma_pull_from: Option<Spanned<i64>>,
+    dma_staged_from: Option<Spanned<i64>>,
+    dma_pipelined_from: Option<Spanned<i64>>,
+    params: Option<Spanned<std::collections::BTreeMap<String, toml::Value>>>,
+    next: Option<Spanned<String>>,
+    next_class: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

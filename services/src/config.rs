@@ -6,6 +6,7 @@
 //! A bad file is refused with the file, the line and column, the field and
 //! what was expected.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -136,6 +137,9 @@ struct RawDevice {
     dma_pull_from: Option<Spanned<i64>>,
     dma_staged_from: Option<Spanned<i64>>,
     dma_pipelined_from: Option<Spanned<i64>>,
+    params: Option<Spanned<BTreeMap<String, toml::Value>>>,
+    next: Option<Spanned<String>>,
+    next_class: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -339,6 +343,12 @@ pub struct DeviceConfig {
     /// Where a kernel device's kernel runs (`kind = "kernel"` only;
     /// `Emulated` for every other kind).
     pub kernel_backend: KernelBackend,
+    /// A library kernel's parameters (`params = { … }`; empty otherwise).
+    pub params: uniplane_kernel::library::Params,
+    /// An emulated kernel chained to a next device (`next`, `next_class`):
+    /// its answers go there, and the next device's answers come back to
+    /// the caller.
+    pub next: Option<uniplane_control::NextHop>,
 }
 
 /// Where a kernel device's kernel runs (`backend = "emulated" | "rtl"`).
@@ -437,6 +447,9 @@ pub enum KernelFunction {
     Panic,
     /// For failure tests: answers frames that are not frames.
     Garbage,
+    /// A kernel of `uniplane_kernel::library`, built from the device's
+    /// `params`.
+    Library(&'static str),
 }
 
 impl KernelFunction {
@@ -449,6 +462,7 @@ impl KernelFunction {
             KernelFunction::Stall => "stall",
             KernelFunction::Panic => "panic",
             KernelFunction::Garbage => "garbage",
+            KernelFunction::Library(name) => name,
         }
     }
 }
@@ -849,6 +863,8 @@ impl Config {
                 backend: memory_backend(&src, d, kind, memory)?,
                 kernel: kernel.map(|(k, _)| k),
                 kernel_backend: kernel.map(|(_, b)| b).unwrap_or_default(),
+                params: kernel_params(&src, d, kernel)?,
+                next: kernel_next(&src, d, kernel)?,
             });
         }
 
@@ -1420,43 +1436,55 @@ fn kernel_device(
             "a `backend = \"rtl\"` kernel has no memory of its own to serve",
         );
     }
-    let function = match d.function.as_ref() {
-        None => {
-            return src.invalid(
-                d.kind.span(),
-                "devices.function",
-                "a kernel device needs `function` (\"echo\" or \"sum32\")",
-            )
-        }
-        Some(f) => match f.get_ref().as_str() {
-            "echo" => KernelFunction::Echo,
-            "sum32" => KernelFunction::Sum32,
-            other if backend == KernelBackend::Rtl => {
+    let function =
+        match d.function.as_ref() {
+            None => {
                 return src.invalid(
-                    f.span(),
+                    d.kind.span(),
                     "devices.function",
-                    format!(
-                        "`{other}`: a `backend = \"rtl\"` kernel is \"echo\" or \"sum32\" \
+                    "a kernel device needs `function` (\"echo\" or \"sum32\")",
+                )
+            }
+            Some(f) => {
+                match f.get_ref().as_str() {
+                    "echo" => KernelFunction::Echo,
+                    "sum32" => KernelFunction::Sum32,
+                    other if backend == KernelBackend::Rtl => {
+                        return src.invalid(
+                            f.span(),
+                            "devices.function",
+                            format!(
+                                "`{other}`: a `backend = \"rtl\"` kernel is \"echo\" or \"sum32\" \
                          (the kernels the RTL has)"
-                    ),
-                )
+                            ),
+                        )
+                    }
+                    "stall" => KernelFunction::Stall,
+                    "panic" => KernelFunction::Panic,
+                    "garbage" => KernelFunction::Garbage,
+                    "sum32-memory" => KernelFunction::SumMemory32,
+                    other => match uniplane_kernel::library::spec(other) {
+                        Some(spec) => KernelFunction::Library(spec.name),
+                        None => {
+                            let library: Vec<String> = uniplane_kernel::library::LIBRARY
+                                .iter()
+                                .map(|s| format!("\"{}\"", s.name))
+                                .collect();
+                            return src.invalid(
+                                f.span(),
+                                "devices.function",
+                                format!(
+                            "`{other}`: expected \"echo\", \"sum32\" or \"sum32-memory\"{}{} \
+                             (or, for failure tests, \"stall\", \"panic\" or \"garbage\")",
+                            if library.is_empty() { "" } else { ", or a library kernel: " },
+                            library.join(", ")
+                        ),
+                            );
+                        }
+                    },
+                }
             }
-            "stall" => KernelFunction::Stall,
-            "panic" => KernelFunction::Panic,
-            "garbage" => KernelFunction::Garbage,
-            "sum32-memory" => KernelFunction::SumMemory32,
-            other => {
-                return src.invalid(
-                    f.span(),
-                    "devices.function",
-                    format!(
-                        "`{other}`: expected \"echo\", \"sum32\" or \"sum32-memory\" \
-                         (or, for failure tests, \"stall\", \"panic\" or \"garbage\")"
-                    ),
-                )
-            }
-        },
-    };
+        };
     let wait = match d.wait.as_ref() {
         None => KernelWait::Park,
         Some(w) => match w.get_ref().as_str() {
@@ -1520,6 +1548,112 @@ fn kernel_device(
         },
     };
     Ok(Some((config, backend)))
+}
+
+/// A library kernel's `params`: strings, integers, floats and booleans,
+/// each kept as its text; checked by the kernel (cheaply: nothing is
+/// built until the device starts). Refused on every other device.
+fn kernel_params(
+    src: &Source<'_>,
+    d: &RawDevice,
+    kernel: Option<(KernelDeviceConfig, KernelBackend)>,
+) -> Result<uniplane_kernel::library::Params, ConfigError> {
+    let function = kernel.map(|(k, _)| k.function);
+    let Some(raw) = d.params.as_ref() else {
+        if let Some(KernelFunction::Library(name)) = function {
+            if let Some(Err(e)) = uniplane_kernel::library::check(name, &Default::default()) {
+                let span = d.function.as_ref().map_or(d.kind.span(), |f| f.span());
+                return src.invalid(span, "devices.params", format!("kernel `{name}`: {e}"));
+            }
+        }
+        return Ok(Default::default());
+    };
+    let Some(KernelFunction::Library(name)) = function else {
+        return src.invalid(
+            raw.span(),
+            "devices.params",
+            "only a library kernel takes parameters (this device's kind or function takes none)",
+        );
+    };
+    let mut params = uniplane_kernel::library::Params::new();
+    for (key, value) in raw.get_ref() {
+        let text = match value {
+            toml::Value::String(v) => v.clone(),
+            toml::Value::Integer(v) => v.to_string(),
+            toml::Value::Float(v) => v.to_string(),
+            toml::Value::Boolean(v) => v.to_string(),
+            other => {
+                return src.invalid(
+                    raw.span(),
+                    "devices.params",
+                    format!(
+                        "`{key}`: a {} — a parameter is a string, number or boolean",
+                        other.type_str()
+                    ),
+                )
+            }
+        };
+        params.insert(key.clone(), text);
+    }
+    if let Some(Err(e)) = uniplane_kernel::library::check(name, &params) {
+        return src.invalid(
+            raw.span(),
+            "devices.params",
+            format!("kernel `{name}`: {e}"),
+        );
+    }
+    Ok(params)
+}
+
+/// An emulated kernel's `next` (a UID, `SERVER:DEVICE`) and `next_class`.
+fn kernel_next(
+    src: &Source<'_>,
+    d: &RawDevice,
+    kernel: Option<(KernelDeviceConfig, KernelBackend)>,
+) -> Result<Option<uniplane_control::NextHop>, ConfigError> {
+    let Some(next) = d.next.as_ref() else {
+        if let Some(c) = &d.next_class {
+            return src.invalid(c.span(), "devices.next_class", "it goes with `next`");
+        }
+        return Ok(None);
+    };
+    match kernel {
+        Some((_, KernelBackend::Emulated)) => {}
+        Some((_, KernelBackend::Rtl)) => {
+            return src.invalid(
+                next.span(),
+                "devices.next",
+                "a `backend = \"rtl\"` kernel answers its caller only: chains are emulated kernels",
+            )
+        }
+        None => {
+            return src.invalid(
+                next.span(),
+                "devices.next",
+                "only a `kind = \"kernel\"` device takes it",
+            )
+        }
+    }
+    let uid: Uid = match next.get_ref().parse() {
+        Ok(uid) => uid,
+        Err(_) => {
+            return src.invalid(
+                next.span(),
+                "devices.next",
+                format!(
+                    "`{}`: expected the next device's UID, SERVER:DEVICE (e.g. \"10.0.0.2:5\")",
+                    next.get_ref()
+                ),
+            )
+        }
+    };
+    let class = src.number_or(
+        d.next_class.as_ref(),
+        0u8,
+        "devices.next_class",
+        underlay::CLASS_ID,
+    )?;
+    Ok(Some(uniplane_control::NextHop { uid, class }))
 }
 
 /// `direct_from` when the file gives none: payloads of at least this many

@@ -68,7 +68,25 @@ pub struct DeviceSpec {
     pub label: String,
     /// Whether local processes may map its memory (a host memory device).
     pub mappable: bool,
+    /// A kernel device chained to another device: the core keeps a
+    /// connection open from this device to `next` (ports [`CHAIN_PORT`]),
+    /// reopening it while it is down, and reports it with
+    /// [`crate::Action::Chain`].
+    pub next: Option<NextHop>,
 }
+
+/// Where a chained device sends on what it computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextHop {
+    /// The next device (on this server or a peer's).
+    pub uid: Uid,
+    /// The traffic class (tunnel) across servers.
+    pub class: u8,
+}
+
+/// The port at both ends of a chain's connection (just below the
+/// ephemeral ports, which devices never take).
+pub const CHAIN_PORT: u16 = 49151;
 
 /// A configured multi-hop route: traffic from `from` to `to` goes through
 /// the relay device `via`.

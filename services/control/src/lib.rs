@@ -15,8 +15,8 @@ pub mod image;
 mod types;
 
 pub use crate::config::{
-    AccessRule, ControlConfig, DefaultAction, DeviceSpec, Limits, MultiHopRoute, PeerSpec,
-    RemoteSpec, UidMatch,
+    AccessRule, ControlConfig, DefaultAction, DeviceSpec, Limits, MultiHopRoute, NextHop, PeerSpec,
+    RemoteSpec, UidMatch, CHAIN_PORT,
 };
 pub use crate::core::{
     Connection, Control, InboundView, PeerView, Resource, ResourceKind, RouteRow, DAEMON_DEVICE,

@@ -450,6 +450,18 @@ pub enum Action {
         /// The device number.
         device: u16,
     },
+    /// A chained device's connection to its next device is installed
+    /// (`up`) or gone: the device sends on through it only while it is up
+    /// and fails what waited on it when it goes.
+    Chain {
+        /// The chained device.
+        device: Uid,
+        /// Its connection to the next device (`src` the device, both ports
+        /// [`crate::CHAIN_PORT`]).
+        conn: ConnKey,
+        /// Installed, or not (any more).
+        up: bool,
+    },
     /// A connection was set up, with the time it took (for metrics).
     Opened {
         /// The connection.

@@ -474,6 +474,7 @@ fn with_memory() -> ControlConfig {
         relay: false,
         label: "memory".into(),
         mappable: true,
+        next: None,
     });
     c
 }

@@ -866,8 +866,9 @@ impl Fabric {
                     self.report.local_setups += 1;
                 }
             }
-            // The simulated servers host no memory a process maps.
-            Action::Unmap { .. } => {}
+            // The simulated servers host no memory a process maps, and
+            // no chained kernels.
+            Action::Unmap { .. } | Action::Chain { .. } => {}
         }
     }
 

@@ -101,6 +101,50 @@ pub(super) fn config(
         if let Some(v) = &d.direct_from {
             w.int("direct_from", v, "servers.devices.direct_from");
         }
+        for (key, v) in [("function", &d.function), ("wait", &d.wait)] {
+            if let Some(v) = v {
+                w.string(key, v, &format!("servers.devices.{key}"));
+            }
+        }
+        for (key, v) in [
+            ("pio_threshold", &d.pio_threshold),
+            ("tokens", &d.tokens),
+            ("stall_timeout_ms", &d.stall_timeout_ms),
+            ("dma_pull_from", &d.dma_pull_from),
+            ("dma_staged_from", &d.dma_staged_from),
+            ("dma_pipelined_from", &d.dma_pipelined_from),
+            ("next_class", &d.next_class),
+        ] {
+            if let Some(v) = v {
+                w.int(key, v, &format!("servers.devices.{key}"));
+            }
+        }
+        if let Some(p) = &d.params {
+            let table: Vec<String> = p
+                .get_ref()
+                .iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        toml::Value::String(s) => quote(s),
+                        toml::Value::Integer(n) => n.to_string(),
+                        toml::Value::Float(f) => f.to_string(),
+                        toml::Value::Boolean(b) => b.to_string(),
+                        // Refused by the server's parse, at this place.
+                        _ => "[]".to_owned(),
+                    };
+                    format!("{} = {v}", quote(k))
+                })
+                .collect();
+            w.line(
+                &format!("params = {{ {} }}", table.join(", ")),
+                p.span().start,
+                "servers.devices.params",
+            );
+        }
+        if let Some(next) = &d.next {
+            let uid = next_uid(src, known, next)?;
+            w.string_at("next", &uid, next.span().start, "servers.devices.next");
+        }
     }
     for l in links.iter().filter(|l| l.a == me || l.b == me) {
         // The other end is this server's peer; what this end accepts
@@ -407,6 +451,36 @@ impl<'a> Writer<'a> {
 }
 
 /// A TOML basic string.
+/// A chained device's `next`: a UID (`SERVER_ID:DEVICE`) as it is, or
+/// `SERVER/DEVICE` (a server's name or ID, a device's name) resolved to
+/// one — the device must have a fixed number, which is its UID.
+fn next_uid(
+    src: &Text<'_>,
+    known: &[Known<'_>],
+    next: &Spanned<String>,
+) -> Result<String, ConfigError> {
+    let field = "servers.devices.next";
+    let (server, device) = super::split(next);
+    let Some(device) = device else {
+        return Ok(next.get_ref().clone());
+    };
+    let i = super::find(src, known, &server, field)?;
+    let d = super::device(src, &known[i], &device, field)?;
+    match &d.device {
+        Some(n) => Ok(format!("{}:{}", known[i].id, n.get_ref())),
+        None => src.invalid(
+            next.span(),
+            field,
+            format!(
+                "device `{}` of server `{}` has no fixed number: give it `device = N` \
+                 (a chain names its next device by UID)",
+                device.get_ref(),
+                known[i].name()
+            ),
+        ),
+    }
+}
+
 fn quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');

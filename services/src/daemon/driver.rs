@@ -423,6 +423,21 @@ impl Driver {
                 self.setup[usize::from(remote)].record(setup);
             }
             Action::Unmap { session, device } => self.unmap(session, device),
+            Action::Chain { device, conn, up } => {
+                let name = self
+                    .core
+                    .resources()
+                    .find(|r| r.uid == device)
+                    .map(|r| r.name.clone());
+                if let Some((_, kernel)) = self
+                    .shared
+                    .kernels
+                    .iter()
+                    .find(|(n, _)| Some(n) == name.as_ref())
+                {
+                    kernel.set_chain(up.then_some(conn));
+                }
+            }
         }
     }
 

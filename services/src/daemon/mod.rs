@@ -387,13 +387,31 @@ impl Daemon {
                 continue;
             }
             if let Some(k) = d.kernel {
-                let (port, shared) =
-                    crate::devices::kernel::open(&d.name, k).map_err(|source| {
-                        DaemonError::KernelDevice {
-                            device: d.name.clone(),
-                            source,
+                let failed = |source| DaemonError::KernelDevice {
+                    device: d.name.clone(),
+                    source,
+                };
+                // A library kernel is built from its parameters now (rules
+                // compiled, weights generated): a failure refuses the start.
+                let built = match k.function {
+                    crate::config::KernelFunction::Library(name) => {
+                        match uniplane_kernel::library::build(name, &d.params) {
+                            Some(Ok(kernel)) => Some(kernel),
+                            Some(Err(e)) => {
+                                return Err(failed(
+                                    crate::devices::kernel::KernelDeviceError::Setup(format!(
+                                        "kernel `{name}`: {e}"
+                                    )),
+                                ))
+                            }
+                            None => None,
                         }
-                    })?;
+                    }
+                    _ => None,
+                };
+                let (port, shared) =
+                    crate::devices::kernel::open_with(&d.name, k, built, d.next.is_some())
+                        .map_err(failed)?;
                 kernel_ports.insert(d.name.clone(), port);
                 kernels.push((d.name.clone(), shared));
             }
@@ -651,6 +669,7 @@ fn control_config(config: &Config, stacks: &[Arc<dyn Stack>]) -> ControlConfig {
                 mappable: d.kind == DeviceKind::Memory
                     && d.backend == crate::config::MemoryBackend::Host,
                 label: format!("{:?}", d.kind).to_lowercase(),
+                next: d.next,
             })
             .collect(),
         peers: config.peers.iter().map(|p| peer_spec(p, stacks)).collect(),

@@ -73,6 +73,7 @@ use uniplane_shm::sys::{memfd_name, SharedMemory};
 
 use crate::config::{DeviceKind, KernelDeviceConfig, KernelFunction, KernelWait};
 use dma::{DmaPath, KernelMemory};
+use uniplane_overlay::acl::ConnKey;
 use uniplane_shm::p2p::TransferMode;
 
 /// The one FPGA Connect connection between host and kernel: it carries
@@ -85,6 +86,11 @@ const KERNEL_CONNS: usize = 256;
 /// flight (as many one-sided requests as a transfer keeps in flight);
 /// beyond, the engine's queues hold them.
 const BEHIND_DMA: usize = crate::transfer::WINDOW;
+
+/// Answers a chained device has sent on and awaits from its next device;
+/// beyond, an answer is refused to its caller (`Timeout`) rather than
+/// sent on. The queues between the two devices bound it well below.
+const MAX_ORIGINS: usize = 1 << 16;
 
 /// Largest frame: a header and the largest payload.
 const MAX_FRAME: usize = FRAME_HEADER_BYTES + Message::MAX_PAYLOAD;
@@ -129,6 +135,15 @@ pub struct KernelStats {
     pub dma_bytes: AtomicU64,
     /// One-sided requests refused `OutOfRange` (nothing moved).
     pub out_of_range: AtomicU64,
+    /// A chained device: answers sent on to the next device.
+    pub forwarded: AtomicU64,
+    /// A chained device: the next device's answers returned to callers.
+    pub returned: AtomicU64,
+    /// A chained device: answers refused to their callers because the
+    /// chain was down (`NoRoute`) or too many waited (`Timeout`), and
+    /// callers answered `PeerFailed` because the chain went down while
+    /// they waited.
+    pub chain_failed: AtomicU64,
     /// Frames received from the kernel, garbage included: the sign of
     /// life [`Watch`] looks at.
     received: AtomicU64,
@@ -152,11 +167,21 @@ pub struct KernelShared {
     /// The engine's waker, woken when the kernel answered or made room.
     host_waker: AtomicWaker,
     kernel_thread: OnceLock<Thread>,
+    /// Whether the device sends its answers on (`next`).
+    chained: bool,
+    /// The chain's connection while it is installed (the driver sets it
+    /// from the control core's `Chain` action); `chain_epoch` counts the
+    /// changes, so the host end reads it under the lock only after one.
+    chain: Mutex<Option<ConnKey>>,
+    chain_epoch: AtomicU64,
 }
 
 impl KernelShared {
-    fn new(config: KernelDeviceConfig) -> KernelShared {
+    fn new(config: KernelDeviceConfig, chained: bool) -> KernelShared {
         KernelShared {
+            chained,
+            chain: Mutex::new(None),
+            chain_epoch: AtomicU64::new(0),
             stats: KernelStats::default(),
             config,
             down: Mutex::new(None),
@@ -166,6 +191,17 @@ impl KernelShared {
             host_waker: AtomicWaker::new(),
             kernel_thread: OnceLock::new(),
         }
+    }
+
+    /// The chain's connection is installed (`Some`) or gone: answers go
+    /// on through it only while it is; callers waiting on the next device
+    /// when it goes are answered `PeerFailed`.
+    pub fn set_chain(&self, conn: Option<ConnKey>) {
+        if let Ok(mut c) = self.chain.lock() {
+            *c = conn;
+        }
+        self.chain_epoch.fetch_add(1, Relaxed);
+        self.host_waker.wake();
     }
 
     /// The device's settings.
@@ -248,6 +284,12 @@ impl KernelShared {
             "kernel_errors": n(&s.kernel_errors),
             "garbage": n(&s.garbage),
             "failed_requests": n(&s.failed_requests),
+            "chain": self.chained.then(|| json!({
+                "up": self.chain.lock().map(|c| c.is_some()).unwrap_or(false),
+                "forwarded": n(&s.forwarded),
+                "returned": n(&s.returned),
+                "failed": n(&s.chain_failed),
+            })),
         })
     }
 }
@@ -588,6 +630,13 @@ pub struct KernelPort {
     behind: VecDeque<Message>,
     /// Bytes of the kernel's memory the host end lets requests reach.
     memory_size: u64,
+    /// A chained device: the chain's connection while installed, and the
+    /// change of [`KernelShared::set_chain`] it reflects.
+    chain: Option<ConnKey>,
+    chain_epoch: u64,
+    /// The requests whose answers went on to the next device, oldest
+    /// first: the next device's answers come back in this order.
+    origins: VecDeque<Header>,
 }
 
 impl std::fmt::Debug for KernelPort {
@@ -612,6 +661,18 @@ pub fn open(
     name: &str,
     config: KernelDeviceConfig,
 ) -> Result<(KernelPort, Arc<KernelShared>), KernelDeviceError> {
+    open_with(name, config, None, false)
+}
+
+/// [`open`] with the kernel built already (a library kernel, from its
+/// parameters; otherwise the function's own), and `chained`: its answers
+/// go on to a next device ([`KernelShared::set_chain`]).
+pub fn open_with(
+    name: &str,
+    config: KernelDeviceConfig,
+    kernel_fn: Option<Box<dyn Kernel>>,
+    chained: bool,
+) -> Result<(KernelPort, Arc<KernelShared>), KernelDeviceError> {
     let path = Path::new(&config)?;
     let broken = || KernelDeviceError::Setup("the emulated path's regions do not fit".into());
     let mut host = path.end(Side::A, config.wait).ok_or_else(broken)?;
@@ -631,7 +692,7 @@ pub fn open(
         ),
     };
     let memory = dma.as_ref().map(DmaPath::memory).unwrap_or_default();
-    let shared = Arc::new(KernelShared::new(config));
+    let shared = Arc::new(KernelShared::new(config, chained));
     let max_in_flight = config.tokens as usize + 2;
     let port = KernelPort {
         shared: shared.clone(),
@@ -650,6 +711,9 @@ pub fn open(
         dma,
         dma_requests: VecDeque::with_capacity(dma::SLOTS),
         behind: VecDeque::with_capacity(BEHIND_DMA),
+        chain: None,
+        chain_epoch: 0,
+        origins: VecDeque::new(),
     };
     let thread_shared = shared.clone();
     let handle = std::thread::Builder::new()
@@ -660,7 +724,7 @@ pub fn open(
             while thread_shared.kernel_thread.get().is_none() {
                 std::thread::park();
             }
-            KernelEnd::new(thread_shared, kernel, memory).run();
+            KernelEnd::new(thread_shared, kernel, memory, kernel_fn).run();
         })?;
     let _ = shared.kernel_thread.set(handle.thread().clone());
     handle.thread().unpark();
@@ -806,6 +870,7 @@ impl KernelPort {
     /// held must go from here: the kernel wakes the engine's input side
     /// when it makes room).
     fn receive(&mut self) {
+        self.refresh_chain();
         self.drive_dma();
         if self.is_down() {
             self.fail_over();
@@ -972,6 +1037,7 @@ impl KernelPort {
     /// The message an answer frame on `via` makes: `Some(None)` for a
     /// frame that answers nothing (`Done`), `None` for garbage.
     fn answer(&mut self, via: Via) -> Option<Option<Message>> {
+        self.refresh_chain();
         let (frame, payload) = Frame::decode(self.end.frame(via)).ok()?;
         if frame.kind == FrameKind::Request {
             return None;
@@ -997,6 +1063,13 @@ impl KernelPort {
         };
         counter.fetch_add(1, Relaxed);
         Some(match frame.kind {
+            FrameKind::Answer | FrameKind::Last if self.shared.chained => forward(
+                self.chain,
+                &mut self.origins,
+                &self.shared,
+                w.header,
+                payload,
+            ),
             FrameKind::Answer | FrameKind::Last => {
                 let header = reply_header(&w.header)?;
                 Some(Message::new(header, Bytes::copy_from_slice(payload)).ok()?)
@@ -1077,6 +1150,9 @@ impl PortIo for KernelPort {
     }
 
     fn push(&mut self, m: Message) -> Result<(), Message> {
+        if self.came_back(&m) {
+            return self.returned(m);
+        }
         if self.is_down() {
             self.fail_over();
             if self.ready.len() >= self.ready_capacity {
@@ -1133,6 +1209,72 @@ impl PortIo for KernelPort {
 }
 
 impl KernelPort {
+    /// Takes a change of the chain's connection: gone, callers waiting on
+    /// the next device are answered `PeerFailed` (its answers cannot
+    /// come back any more).
+    fn refresh_chain(&mut self) {
+        if !self.shared.chained {
+            return;
+        }
+        let epoch = self.shared.chain_epoch.load(Relaxed);
+        if epoch == self.chain_epoch {
+            return;
+        }
+        self.chain_epoch = epoch;
+        let chain = self.shared.chain.lock().map(|c| *c).unwrap_or(None);
+        if chain != self.chain {
+            for h in self.origins.drain(..) {
+                self.shared.stats.chain_failed.fetch_add(1, Relaxed);
+                self.ready.extend(error_to(&h, Status::PeerFailed));
+            }
+        }
+        self.chain = chain;
+    }
+
+    /// Whether `m` came back over the chain's connection from the next
+    /// device.
+    fn came_back(&mut self, m: &Message) -> bool {
+        if !self.shared.chained {
+            return false;
+        }
+        self.refresh_chain();
+        let Some(key) = self.chain else {
+            return false;
+        };
+        let h = m.header();
+        h.src == key.dst
+            && h.dst == key.src
+            && h.request.ports() == Some((key.dst_port, key.src_port))
+    }
+
+    /// The next device's answer, returned to the caller whose request it
+    /// answers (the oldest waiting): its data, or its error's status.
+    /// Anything else on the chain's connection is counted and dropped.
+    fn returned(&mut self, m: Message) -> Result<(), Message> {
+        let h = *m.header();
+        let error = h.flags.contains(MsgFlags::ERROR);
+        let data = !error && matches!(h.request.kind(), ReqType::Send | ReqType::Push);
+        if !data && !error {
+            self.shared.stats.garbage.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        if self.ready.len() >= self.ready_capacity {
+            return Err(m);
+        }
+        let Some(origin) = self.origins.pop_front() else {
+            self.shared.stats.garbage.fetch_add(1, Relaxed);
+            return Ok(());
+        };
+        let answer = if error {
+            error_to(&origin, h.status())
+        } else {
+            reply_header(&origin).and_then(|rh| Message::new(rh, m.payload().clone()).ok())
+        };
+        self.shared.stats.returned.fetch_add(1, Relaxed);
+        self.ready.extend(answer);
+        Ok(())
+    }
+
     /// Takes `m` with no transfer in flight: a one-sided request starts
     /// one, a message goes to the kernel (or is held back), the rest is
     /// answered as a device without memory answers it.
@@ -1167,6 +1309,45 @@ impl KernelPort {
         self.publish_waiting();
         Ok(())
     }
+}
+
+/// A chained device's answer to `origin`, sent on to the next device over
+/// the chain's connection (`chain`), `origin` joining those waiting; while
+/// the chain is down (or too many wait), refused to the caller.
+fn forward(
+    chain: Option<ConnKey>,
+    origins: &mut VecDeque<Header>,
+    shared: &KernelShared,
+    origin: Header,
+    payload: &[u8],
+) -> Option<Message> {
+    let refuse = |status| {
+        shared.stats.chain_failed.fetch_add(1, Relaxed);
+        error_to(&origin, status)
+    };
+    let Some(key) = chain else {
+        return refuse(Status::NoRoute);
+    };
+    if origins.len() >= MAX_ORIGINS {
+        return refuse(Status::Timeout);
+    }
+    let request = Request::new(
+        ReqType::Send,
+        Params::Port(PortParams {
+            flag: 0,
+            src_port: key.src_port,
+            dst_port: key.dst_port,
+        }),
+    )
+    .ok()?;
+    let m = Message::new(
+        Header::new(key.src, key.dst, request),
+        Bytes::copy_from_slice(payload),
+    )
+    .ok()?;
+    origins.push_back(origin);
+    shared.stats.forwarded.fetch_add(1, Relaxed);
+    Some(m)
 }
 
 /// Whether `m` is a one-sided request (WRTE, READ) the DMA path carries.
@@ -1248,10 +1429,15 @@ struct KernelEnd {
 }
 
 impl KernelEnd {
-    fn new(shared: Arc<KernelShared>, end: End, memory: KernelMemory) -> KernelEnd {
+    fn new(
+        shared: Arc<KernelShared>,
+        end: End,
+        memory: KernelMemory,
+        kernel: Option<Box<dyn Kernel>>,
+    ) -> KernelEnd {
         let function = shared.config.function;
         KernelEnd {
-            kernel: uniplane_kernel::by_name(function.name()),
+            kernel: kernel.or_else(|| uniplane_kernel::by_name(function.name())),
             memory,
             function,
             shared,

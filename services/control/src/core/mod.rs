@@ -56,6 +56,7 @@ use crate::image::{PlaneImage, PortImage};
 use crate::types::*;
 use crate::PlaneOp;
 
+mod chains;
 mod clients;
 mod connections;
 mod peers;
@@ -362,6 +363,10 @@ pub struct Control {
     next_batch: BatchId,
     started: Duration,
     now: Duration,
+    /// Chained devices' state, by their index in the configuration.
+    chains: BTreeMap<usize, chains::ChainState>,
+    /// Shutting down: no chain is set up again.
+    stopping: bool,
 }
 
 impl Control {
@@ -393,6 +398,8 @@ impl Control {
             next_batch: 1,
             started: now,
             now,
+            chains: BTreeMap::new(),
+            stopping: false,
         };
         let mut ops = vec![PlaneOp::Attach(device_spec("daemon"))];
         let mut purposes = vec![Attaching::Daemon];
@@ -431,6 +438,7 @@ impl Control {
             };
             self.process(e);
         }
+        self.chains();
     }
 
     /// The next thing for the driver to do.
@@ -455,7 +463,11 @@ impl Control {
             .values()
             .filter(|p| self.job.is_none() && p.alive())
             .map(|p| p.last_seen + limit);
-        beats.chain(verdicts).chain(failures).min()
+        beats
+            .chain(verdicts)
+            .chain(failures)
+            .chain(self.chain_timeout())
+            .min()
     }
 
     /// Sends heartbeats that are due, answers connections whose peer did
@@ -488,6 +500,7 @@ impl Control {
             if expired {
                 self.sync(Then::nothing());
             }
+            self.chains();
             return;
         }
         for server in &failed {
@@ -497,6 +510,7 @@ impl Control {
                 .push_back(Action::ClosePeerChannel { server: *server });
         }
         self.sync(Then::nothing());
+        self.chains();
     }
 
     fn process(&mut self, event: Event) {
@@ -531,7 +545,10 @@ impl Control {
                 rules,
                 default_action,
             } => self.set_rules(rules, default_action),
-            Event::Shutdown => self.shut_down(),
+            Event::Shutdown => {
+                self.stopping = true;
+                self.shut_down()
+            }
             Event::PeerAdded { spec } => self.add_peer(spec),
             Event::PeerRemoved { server } => self.remove_peer(server),
             Event::Violation {

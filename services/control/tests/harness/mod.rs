@@ -153,6 +153,7 @@ pub fn config() -> ControlConfig {
             relay: false,
             label: "echo".into(),
             mappable: false,
+            next: None,
         },
         DeviceSpec {
             name: "relay".into(),
@@ -160,6 +161,7 @@ pub fn config() -> ControlConfig {
             relay: true,
             label: "relay".into(),
             mappable: false,
+            next: None,
         },
     ];
     c.peers = vec![PeerSpec {
