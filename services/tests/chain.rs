@@ -4,15 +4,18 @@
 //! path); errors of any stage, a next device that is missing and one that
 //! dies all reach the caller as error answers, never a hang.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
 use uniplane_dataplane::{Endpoint, LinkError};
+use uniplane_netns::free_port;
 use uniplane_services::client::{embedded, Client, Session};
 use uniplane_services::config::Config;
 use uniplane_services::control::Request;
+use uniplane_services::Daemon;
 
 const SERVER: &str = "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n";
 
@@ -197,4 +200,119 @@ async fn a_next_kernel_that_dies_fails_its_callers_and_the_first_stage_stays_up(
     }
     assert_eq!(device(&client, "k2").await["state"], "up");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two daemons in this process, servers 10.31.0.1 and .2, peered over
+/// `stack` on loopback with a cluster secret; `devices[i]` are server
+/// i's devices. Returns them once each sees the other alive.
+async fn two_servers(
+    name: &str,
+    stack: &str,
+    devices: [&str; 2],
+) -> (Vec<Daemon>, Vec<String>, PathBuf) {
+    let dir = runtime(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("cluster.key");
+    uniplane_services::auth::Key::generate(&secret).unwrap();
+    let addr = |p| SocketAddr::from(([127, 0, 0, 1], p));
+    let ends = [
+        ("10.31.0.1", addr(free_port()), addr(free_port())),
+        ("10.31.0.2", addr(free_port()), addr(free_port())),
+    ];
+    let mut daemons = Vec::new();
+    let mut texts = Vec::new();
+    for (i, (me, peer, tunnel)) in ends.iter().enumerate() {
+        let (other, opeer, otunnel) = ends[1 - i];
+        let text = format!(
+            "[server]\nid = \"{me}\"\npeer_listen = \"{peer}\"\n\n\
+             [[stacks]]\nname = \"{stack}\"\nlisten = \"{tunnel}\"\n\n\
+             [[peers]]\nserver = \"{other}\"\naddress = \"{opeer}\"\ntunnel = \"{otunnel}\"\n\
+             stack = \"{stack}\"\n\n[policy]\ndefault = \"allow\"\n\n[cluster]\nsecret = \"{}\"\n{}",
+            secret.display(),
+            devices[i]
+        );
+        let (daemon, _client) = embedded(
+            Config::parse(&text, &format!("{name}{i}")).unwrap(),
+            &dir.join(format!("d{i}")),
+        )
+        .await
+        .unwrap();
+        daemons.push(daemon);
+        texts.push(text);
+    }
+    (daemons, texts, dir)
+}
+
+/// A chain across servers over `stack`: server 1's echo sends on to
+/// server 2's sum32 through the tunnel; the application on server 1 gets
+/// the sums. When server 2 goes, calls are refused, never left waiting.
+async fn across_servers(stack: &str) {
+    let first = "\n[[devices]]\nname = \"k2\"\nkind = \"kernel\"\ndevice = 2\n\
+                 function = \"echo\"\nnext = \"10.31.0.2:3\"\n";
+    let second =
+        "\n[[devices]]\nname = \"k3\"\nkind = \"kernel\"\ndevice = 3\nfunction = \"sum32\"\n";
+    let (daemons, texts, dir) =
+        two_servers(&format!("across-{stack}"), stack, [first, second]).await;
+    let a = dir.join("d0");
+    let client = Client::connect(&a).await.unwrap();
+    status_until(&client, "k2", |d| d["chain"]["up"] == true).await;
+    let session = app(&a).await;
+    let mut conn = session
+        .connect("10.31.0.1:2/7".parse().unwrap())
+        .await
+        .unwrap();
+    let mut want = Vec::new();
+    for i in 0..300u64 {
+        let (bytes, sum) = words(i + 11, [2usize, 100, 3000][(i % 3) as usize]);
+        conn.send_bytes(Bytes::from(bytes)).await.unwrap();
+        want.push(sum);
+    }
+    for (i, sum) in want.iter().enumerate() {
+        let m = answer(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("answer {i}: {e:?}"));
+        assert_eq!(m.payload().as_ref(), sum.to_le_bytes(), "answer {i}");
+    }
+    let d = device(&client, "k2").await;
+    assert_eq!(d["chain"]["returned"], 300, "{d}");
+    // A rule on server 1 denies the chain: it is closed, and each call
+    // is refused rather than left waiting; without it, the chain is set
+    // up again and calls go through.
+    let reload = |rules: &str| {
+        let mut c = Config::parse(&format!("{}{rules}", texts[0]), "reload").unwrap();
+        c.runtime_dir = Some(a.clone());
+        c
+    };
+    let deny =
+        "\n[[policy.rules]]\nsrc = \"10.31.0.1:2\"\ndst = \"10.31.0.2:3\"\naction = \"deny\"\n";
+    daemons[0].reload(&reload(deny)).await.unwrap();
+    status_until(&client, "k2", |d| d["chain"]["up"] == false).await;
+    conn.send_bytes(Bytes::from_static(&[1, 0, 0, 0]))
+        .await
+        .unwrap();
+    match answer(&mut conn).await {
+        Err(LinkError::PeerFailed(status)) => assert_eq!(status, "NoRoute"),
+        other => panic!("not refused: {other:?}"),
+    }
+    daemons[0].reload(&reload("")).await.unwrap();
+    status_until(&client, "k2", |d| d["chain"]["up"] == true).await;
+    conn.send_bytes(Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0]))
+        .await
+        .unwrap();
+    let m = answer(&mut conn).await.unwrap();
+    assert_eq!(m.payload().as_ref(), 3u32.to_le_bytes());
+    for d in &daemons {
+        d.shutdown();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_across_servers_over_tcp_returns_the_far_kernels_answers() {
+    across_servers("tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_across_servers_over_ltl_returns_the_far_kernels_answers() {
+    across_servers("ltl").await;
 }

@@ -683,3 +683,60 @@ fn a_class_of_a_link_pinned_to_another_stack_takes_it_at_both_ends() {
     assert_eq!(field, "links.stack");
     assert!(message.contains("runs no `ltl` stack"), "{message}");
 }
+
+/// `BASE` with a kernel on alpha chained to a kernel `k` on beta
+/// (`beta_device`: its `device = …` line, or none).
+fn with_chain(next: &str, beta_device: &str) -> String {
+    base_with(
+        "[[links]]",
+        &format!(
+            "[[servers.devices]]\nname = \"k\"\nkind = \"kernel\"\nfunction = \"sum32\"\n\
+             {beta_device}\n[[links]]"
+        ),
+    )
+    .replacen(
+        "name = \"relay\"\nkind = \"relay\"\ndevice = 2\n",
+        &format!(
+            "name = \"relay\"\nkind = \"relay\"\ndevice = 2\n\n[[servers.devices]]\n\
+             name = \"first\"\nkind = \"kernel\"\nfunction = \"echo\"\ndevice = 4\n\
+             next = \"{next}\"\nnext_class = 1\n"
+        ),
+        1,
+    )
+}
+
+#[test]
+fn a_chains_next_device_named_server_slash_device_becomes_its_uid() {
+    for next in ["beta/k", "10.9.0.2/k", "10.9.0.2:3"] {
+        let c = Cluster::parse(&with_chain(next, "device = 3"), "c.toml").unwrap();
+        let alpha = c.config_for("10.9.0.1".parse().unwrap()).unwrap();
+        let first = alpha.devices.iter().find(|d| d.name == "first").unwrap();
+        assert_eq!(
+            first.next,
+            Some(uniplane_control::NextHop {
+                uid: "10.9.0.2:3".parse().unwrap(),
+                class: 1
+            }),
+            "{next}"
+        );
+        let beta = c.config_for("10.9.0.2".parse().unwrap()).unwrap();
+        let k = beta.devices.iter().find(|d| d.name == "k").unwrap();
+        assert_eq!(k.kernel.map(|k| k.function.name()), Some("sum32"));
+    }
+}
+
+#[test]
+fn a_chain_to_a_device_without_a_number_or_of_no_server_is_refused_at_its_line() {
+    let text = with_chain("beta/k", "");
+    let (line, _, field, message) = refused(&text);
+    assert_eq!(line, line_of(&text, "next = ", 1));
+    assert_eq!(field, "servers.devices.next");
+    assert!(message.contains("has no fixed number"), "{message}");
+    let text = with_chain("gamma/k", "device = 3");
+    let (line, _, field, message) = refused(&text);
+    assert_eq!(
+        (line, field.as_str()),
+        (line_of(&text, "next = ", 1), "servers.devices.next")
+    );
+    assert!(message.contains("gamma"), "{message}");
+}

@@ -1089,3 +1089,56 @@ fn an_rtl_kernel_is_echo_or_sum32_and_takes_none_of_the_emulated_settings() {
         assert_eq!(refused(&text).to_string(), want, "{text}");
     }
 }
+
+#[test]
+fn a_kernel_device_takes_a_next_device_by_uid_and_a_class() {
+    let c = Config::parse(
+        &format!("{KERNEL_DEVICE}next = \"10.0.0.2:5\"\nnext_class = 3\n"),
+        "c.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.devices[0].next,
+        Some(uniplane_control::NextHop {
+            uid: "10.0.0.2:5".parse().unwrap(),
+            class: 3
+        })
+    );
+    assert!(c.devices[0].params.is_empty());
+}
+
+#[test]
+fn chains_and_parameters_are_refused_where_they_mean_nothing() {
+    let cases = [
+        (
+            format!("{MEMORY_DEVICE}next = \"10.0.0.2:5\"\n"),
+            "c.toml:5:8: field `devices.next`: only a `kind = \"kernel\"` device takes it",
+        ),
+        (
+            format!("{KERNEL_DEVICE}next = \"beta/k\"\n"),
+            "c.toml:5:8: field `devices.next`: `beta/k`: expected the next device's UID, \
+             SERVER:DEVICE (e.g. \"10.0.0.2:5\")",
+        ),
+        (
+            format!("{KERNEL_DEVICE}next_class = 1\n"),
+            "c.toml:5:14: field `devices.next_class`: it goes with `next`",
+        ),
+        (
+            format!("{KERNEL_DEVICE}next = \"10.0.0.2:5\"\nnext_class = 8\n"),
+            "c.toml:6:14: field `devices.next_class`: 8 is out of range 0..=7",
+        ),
+        (
+            format!("{KERNEL_DEVICE}params = {{ seed = 7 }}\n"),
+            "c.toml:5:10: field `devices.params`: only a library kernel takes parameters \
+             (this device's kind or function takes none)",
+        ),
+        (
+            format!("{MEMORY_DEVICE}params = {{ seed = 7 }}\n"),
+            "c.toml:5:10: field `devices.params`: only a library kernel takes parameters \
+             (this device's kind or function takes none)",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(refused(&text).to_string(), want, "{text}");
+    }
+}

@@ -13,7 +13,7 @@ pub const CHAIN_RETRY: Duration = Duration::from_secs(1);
 
 /// The session and request a chain's set-up is made under: the driver
 /// numbers its own from 1, so these are answered to nobody.
-const CHAIN_SESSION: SessionId = 0;
+pub(super) const CHAIN_SESSION: SessionId = 0;
 const CHAIN_REQUEST: RequestId = 0;
 
 /// One chained device's state.
@@ -92,6 +92,14 @@ impl Control {
                     state.refused = Some(e);
                 }
             }
+        }
+    }
+
+    /// Makes every chain that is down due now (a peer came up).
+    pub(super) fn chains_due(&mut self) {
+        let now = self.now;
+        for s in self.chains.values_mut().filter(|s| !s.up) {
+            s.next_try = now;
         }
     }
 

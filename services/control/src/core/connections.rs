@@ -261,9 +261,10 @@ impl Control {
             self.carried_on(key, p, from, server);
             return;
         }
-        if !p.session.is_some_and(|s| self.sessions.contains_key(&s))
-            || !self.resources.contains_key(&key.src.device())
-        {
+        // A chain's is asked by the daemon for a device, under no session.
+        let asker =
+            |s: SessionId| s == super::chains::CHAIN_SESSION || self.sessions.contains_key(&s);
+        if !p.session.is_some_and(asker) || !self.resources.contains_key(&key.src.device()) {
             self.actions.push_back(Action::ToPeer {
                 server,
                 msg: PeerMsg::Close {

@@ -331,6 +331,8 @@ impl Control {
     /// Connections waiting for the tunnel of `class` to `server` ask the
     /// peer now (once their end is installed: see `ask_peer`).
     pub(super) fn tunnel_ready(&mut self, server: Ipv4Addr, class: u8) {
+        // Chains waiting for a server may reach it now: try at once.
+        self.chains_due();
         let deadline = self.now + self.config.verdict_timeout;
         let mut ready = Vec::new();
         for (key, p) in self.pending.iter_mut() {
