@@ -271,10 +271,16 @@ async fn until(dir: &FsPath, what: &str, ready: impl Fn(&Value) -> bool) -> Resu
 /// Prints the table of a run's `results`.
 pub fn print(r: &Value) {
     let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
+    let dims: Vec<String> = r["model"]["dims"]
+        .as_array()
+        .map(|d| d.iter().map(Value::to_string).collect())
+        .unwrap_or_default();
     println!(
         "app deep-crossing: dims {}, {} inferences per figure; latency with 1 in flight, \
          throughput with {} (host sparse products included)",
-        r["model"]["dims"], r["count"], r["pipeline"]
+        dims.join(","),
+        r["count"],
+        r["pipeline"]
     );
     println!(
         "  {:<16} {:<14} {:>9} {:>9} {:>11} {:>11}",
