@@ -94,13 +94,13 @@ async fn start(
     (daemons, dirs, rendered.entry)
 }
 
-/// Runs the `deep-crossing` executable against the daemon in `dir`
-/// (bounded), and returns the digest it printed.
-fn digest_of_binary(dir: &FsPath, entry: &str) -> String {
+/// Runs the `deep-crossing` executable against the daemon in `dir` with
+/// the model of `dims` (bounded): whether it succeeded, stdout, stderr.
+fn run_binary(dir: &FsPath, entry: &str, dims: &str) -> (bool, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_deep-crossing"))
         .args(["--socket", &dir.display().to_string(), "--entry", entry])
         .args(["--count", &COUNT.to_string(), "--seed", &SEED.to_string()])
-        .args(["--dims", DIMS, "--pipeline", "4"])
+        .args(["--dims", dims, "--pipeline", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -114,12 +114,17 @@ fn digest_of_binary(dir: &FsPath, entry: &str) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
+    (
         out.status.success(),
-        "deep-crossing failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The digest the executable printed for the model of [`DIMS`].
+fn digest_of_binary(dir: &FsPath, entry: &str) -> String {
+    let (ok, stdout, stderr) = run_binary(dir, entry, DIMS);
+    assert!(ok, "deep-crossing failed: {stdout}{stderr}");
     stdout
         .lines()
         .find_map(|l| l.strip_prefix("digest "))
@@ -166,4 +171,36 @@ async fn every_placement_prints_the_digest_of_the_reference() {
         drop(daemons);
         let _ = std::fs::remove_dir_all(dirs[0].parent().unwrap());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_the_wrong_width_is_refused_through_the_chain_and_the_run_says_so() {
+    let model = Model::new(DIMS, SEED, DEFAULT_NNZ).unwrap();
+    let split = Placement::Split {
+        cut: 2,
+        path: Path::Connect,
+    };
+    let (daemons, dirs, entry) = start(&model, split, "refused").await;
+    // The application's model is wider than the kernels': the entry
+    // refuses every request with an error answer, which the executable
+    // reports with the inference it belongs to.
+    let dir = dirs[0].clone();
+    let entry2 = entry.clone();
+    let (ok, stdout, stderr) =
+        tokio::task::spawn_blocking(move || run_binary(&dir, &entry2, "1536,512,256,128,1"))
+            .await
+            .unwrap();
+    assert!(!ok, "a mismatched model ran: {stdout}");
+    assert!(
+        stderr.contains("inference 0: a stage answered an error: BadRequest"),
+        "{stderr}"
+    );
+    // The chain is still up: the right model goes through.
+    let dir = dirs[0].clone();
+    let digest = tokio::task::spawn_blocking(move || digest_of_binary(&dir, &entry))
+        .await
+        .unwrap();
+    assert_eq!(digest, reference_digest(&model, COUNT).hex());
+    drop(daemons);
+    let _ = std::fs::remove_dir_all(dirs[0].parent().unwrap());
 }
