@@ -75,6 +75,7 @@ pub fn run_deep_crossing(a: &DeepCrossingArgs) -> Result<Value, BenchError> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| BenchError::Config(format!("--paths: {e}")))?;
     let reference = reference_digest(&model, a.count).hex();
+    let in_process = in_process(&model, a.count);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -125,11 +126,38 @@ pub fn run_deep_crossing(a: &DeepCrossingArgs) -> Result<Value, BenchError> {
         "pipeline": a.pipeline,
         "cut": cut,
         "reference_digest": reference,
+        "in_process_us": in_process,
         "verified": verified,
         "single": single,
         "split": split,
         "ratio_to_single": ratio,
     }))
+}
+
+/// The floor: one inference in this thread, no uniplane — the host's
+/// sparse products and every dense layer (`uniplane_kernel::dense::Dense`,
+/// as a kernel device runs it) — p50 and p99 in microseconds.
+fn in_process(model: &Model, count: u64) -> Value {
+    use uniplane_kernel::dense::{Dense, Stage};
+    let n = model.dims().len() - 1;
+    let mut dense = Dense::new(&Stage {
+        dims: model.dims().to_vec(),
+        layers: 0..n,
+        seed: model.seed(),
+    });
+    let mut embedded = vec![0.0f32; model.dims()[0]];
+    let mut request = Vec::with_capacity(model.request_bytes());
+    let mut times: Vec<f64> = (0..count)
+        .map(|i| {
+            let t0 = Instant::now();
+            model.request(&model.input(i), &mut embedded, &mut request);
+            let _ = std::hint::black_box(dense.compute(&request));
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
+    json!({ "p50": at(0.5), "p99": at(0.99) })
 }
 
 /// A placement's daemons started here and ready; its figures.
@@ -301,6 +329,13 @@ pub fn print(r: &Value) {
             f(&v["per_sec"]),
         );
     };
+    println!(
+        "  {:<16} {:<14} {:>9} {:>9}",
+        "in process",
+        "(no uniplane)",
+        f(&r["in_process_us"]["p50"]),
+        f(&r["in_process_us"]["p99"])
+    );
     row("single", &r["single"]);
     if let Some(split) = r["split"].as_object() {
         for (path, v) in split {

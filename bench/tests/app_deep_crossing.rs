@@ -25,6 +25,7 @@ fn deep_crossing_reports_single_and_split_figures_with_verified_outputs() {
     check_machine(&v);
     assert_eq!(at(&v, "results.verified"), true);
     let reference = string(&v, "results.reference_digest");
+    assert!(number(&v, "results.in_process_us.p50") > 0.0);
     for (placement, layers) in [
         ("single", vec!["0..4"]),
         ("split.connect", vec!["0..2", "2..4"]),
