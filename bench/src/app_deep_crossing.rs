@@ -49,6 +49,10 @@ pub struct DeepCrossingArgs {
     /// The first layer of the second endpoint (default: half the layers).
     #[arg(long)]
     pub cut: Option<usize>,
+    /// Rounds (each placement once per round, interleaved); each figure
+    /// is the median of its rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// The paths between the two halves: connect (one server), ltl, tcp
     /// (two servers).
     #[arg(long, value_delimiter = ',', default_value = "connect,ltl")]
@@ -89,8 +93,16 @@ pub fn run_deep_crossing(a: &DeepCrossingArgs) -> Result<Value, BenchError> {
     let mut single = Value::Null;
     let mut split = serde_json::Map::new();
     let mut verified = true;
-    for placement in placements {
-        let r = runtime.block_on(measure(&model, placement, a, &reference))?;
+    // Rounds interleave the placements, so a change of the machine's
+    // load falls on all of them; each figure is the median of its rounds.
+    let mut rounds: Vec<Vec<Value>> = vec![Vec::new(); placements.len()];
+    for _ in 0..a.rounds {
+        for (placement, runs) in placements.iter().zip(&mut rounds) {
+            runs.push(runtime.block_on(measure(&model, *placement, a, &reference))?);
+        }
+    }
+    for (placement, runs) in placements.into_iter().zip(rounds) {
+        let r = median_of(runs);
         verified &= r["verified"] == true;
         match placement {
             Placement::Single => single = r,
@@ -124,6 +136,7 @@ pub fn run_deep_crossing(a: &DeepCrossingArgs) -> Result<Value, BenchError> {
         },
         "count": a.count,
         "pipeline": a.pipeline,
+        "rounds": a.rounds,
         "cut": cut,
         "reference_digest": reference,
         "in_process_us": in_process,
@@ -132,6 +145,31 @@ pub fn run_deep_crossing(a: &DeepCrossingArgs) -> Result<Value, BenchError> {
         "split": split,
         "ratio_to_single": ratio,
     }))
+}
+
+/// The figures of a placement's rounds, each the median of its rounds
+/// (the rest as the first round has it).
+fn median_of(runs: Vec<Value>) -> Value {
+    let mut out = runs.first().cloned().unwrap_or(Value::Null);
+    for key in [
+        "/latency_us/p50",
+        "/latency_us/p99",
+        "/per_sec",
+        "/one_in_flight_per_sec",
+        "/pipelined_latency_us/p50",
+        "/pipelined_latency_us/p99",
+    ] {
+        let mut v: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.pointer(key).and_then(Value::as_f64))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        if let (Some(m), Some(slot)) = (v.get(v.len() / 2).copied(), out.pointer_mut(key)) {
+            *slot = json!(m);
+        }
+    }
+    out["verified"] = json!(runs.iter().all(|r| r["verified"] == true));
+    out
 }
 
 /// The floor: one inference in this thread, no uniplane — the host's
@@ -304,10 +342,11 @@ pub fn print(r: &Value) {
         .map(|d| d.iter().map(Value::to_string).collect())
         .unwrap_or_default();
     println!(
-        "app deep-crossing: dims {}, {} inferences per figure; latency with 1 in flight, \
-         throughput with {} (host sparse products included)",
+        "app deep-crossing: dims {}, {} inferences per figure, median of {} rounds; latency \
+         with 1 in flight, throughput with {} (host sparse products included)",
         dims.join(","),
         r["count"],
+        r["rounds"],
         r["pipeline"]
     );
     println!(
@@ -347,4 +386,36 @@ pub fn print(r: &Value) {
         r["reference_digest"].as_str().unwrap_or("?"),
         r["verified"]
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_figure_is_the_median_of_its_rounds_and_verified_needs_every_round() {
+        let run = |p50: f64, rate: f64, ok: bool| {
+            json!({
+                "latency_us": { "p50": p50, "p99": p50 * 2.0 },
+                "per_sec": rate,
+                "one_in_flight_per_sec": rate / 2.0,
+                "pipelined_latency_us": { "p50": 1.0, "p99": 2.0 },
+                "layers": ["0..4"],
+                "verified": ok,
+            })
+        };
+        let m = median_of(vec![
+            run(300.0, 10.0, true),
+            run(100.0, 30.0, true),
+            run(200.0, 20.0, true),
+        ]);
+        assert_eq!(m["latency_us"]["p50"], 200.0);
+        assert_eq!(m["latency_us"]["p99"], 400.0);
+        assert_eq!(m["per_sec"], 20.0);
+        assert_eq!(m["one_in_flight_per_sec"], 10.0);
+        assert_eq!(m["layers"], json!(["0..4"]));
+        assert_eq!(m["verified"], true);
+        let m = median_of(vec![run(1.0, 1.0, true), run(1.0, 1.0, false)]);
+        assert_eq!(m["verified"], false);
+    }
 }

@@ -2317,7 +2317,7 @@ fn app_deep_crossing(
     print(&r);
     let params = json!({
         "app": "deep-crossing", "count": a.count, "pipeline": a.pipeline, "seed": a.seed,
-        "dims": a.dims, "nnz": a.nnz, "cut": a.cut, "paths": a.paths,
+        "dims": a.dims, "nnz": a.nnz, "cut": a.cut, "paths": a.paths, "rounds": a.rounds,
     });
     emit(cli.json, &Report::new("app", params, r))
 }

@@ -16,6 +16,8 @@ fn deep_crossing_reports_single_and_split_figures_with_verified_outputs() {
         "30",
         "--pipeline",
         "4",
+        "--rounds",
+        "1",
         "--paths",
         "connect,ltl",
         "--json",
