@@ -778,11 +778,13 @@ impl<'a> Source<'a> {
                     if carry.is_empty() {
                         match stream.next().await {
                             Some(chunk) => *carry = chunk,
-                            None => return Err(PgasError::Invalid(format!(
+                            None => {
+                                return Err(PgasError::Invalid(format!(
                                 "the payload stream ended after {} of the {len} bytes declared: \
                                      the message was cut",
                                 *len - *left
-                            ))),
+                            )))
+                            }
                         }
                     }
                     let take = (carry.len() as u64).min(*left).min(room as u64) as usize;
