@@ -76,6 +76,7 @@ pub mod share;
 pub mod share_daemons;
 pub mod shm_rtt;
 pub mod sizes;
+pub mod smoltcp_tcp;
 pub mod stacks;
 pub mod stamp;
 pub mod suite;
