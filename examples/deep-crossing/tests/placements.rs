@@ -95,12 +95,14 @@ async fn start(
 }
 
 /// Runs the `deep-crossing` executable against the daemon in `dir` with
-/// the model of `dims` (bounded): whether it succeeded, stdout, stderr.
-fn run_binary(dir: &FsPath, entry: &str, dims: &str) -> (bool, String, String) {
+/// the model of `dims` and `extra` options (bounded): whether it
+/// succeeded, stdout, stderr.
+fn run_binary(dir: &FsPath, entry: &str, dims: &str, extra: &[&str]) -> (bool, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_deep-crossing"))
         .args(["--socket", &dir.display().to_string(), "--entry", entry])
         .args(["--count", &COUNT.to_string(), "--seed", &SEED.to_string()])
         .args(["--dims", dims, "--pipeline", "4"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -121,10 +123,15 @@ fn run_binary(dir: &FsPath, entry: &str, dims: &str) -> (bool, String, String) {
     )
 }
 
-/// The digest the executable printed for the model of [`DIMS`].
+/// The digest the executable printed for the model of [`DIMS`], having
+/// checked every output itself (`--verify`) too.
 fn digest_of_binary(dir: &FsPath, entry: &str) -> String {
-    let (ok, stdout, stderr) = run_binary(dir, entry, DIMS);
+    let (ok, stdout, stderr) = run_binary(dir, entry, DIMS, &["--verify"]);
     assert!(ok, "deep-crossing failed: {stdout}{stderr}");
+    assert!(
+        stdout.contains("verified: every output equals the reference's"),
+        "{stdout}"
+    );
     stdout
         .lines()
         .find_map(|l| l.strip_prefix("digest "))
@@ -187,7 +194,7 @@ async fn a_request_of_the_wrong_width_is_refused_through_the_chain_and_the_run_s
     let dir = dirs[0].clone();
     let entry2 = entry.clone();
     let (ok, stdout, stderr) =
-        tokio::task::spawn_blocking(move || run_binary(&dir, &entry2, "1536,512,256,128,1"))
+        tokio::task::spawn_blocking(move || run_binary(&dir, &entry2, "1536,512,256,128,1", &[]))
             .await
             .unwrap();
     assert!(!ok, "a mismatched model ran: {stdout}");
