@@ -34,6 +34,10 @@
 //! - [`collectives`]: OSU-style collective latency through
 //!   uniplane-collectives beside OpenMPI and MPICH.
 //!
+//! - [`app_deep_crossing`]: DUA's deep crossing application, its dense
+//!   layers in one kernel endpoint or split over two (FPGA Connect, LTL,
+//!   TCP), latency and inferences/s in one run.
+//!
 //! - [`app_regex`]: DUA's multi-regex matching application, three
 //!   stages chained through uniplane beside a relay through the CPU and
 //!   one PCRE2 core, per input size.
@@ -46,6 +50,7 @@
 
 #![deny(missing_docs)]
 
+pub mod app_deep_crossing;
 pub mod app_regex;
 pub mod args;
 pub mod clock;
@@ -76,6 +81,7 @@ pub mod share;
 pub mod share_daemons;
 pub mod shm_rtt;
 pub mod sizes;
+pub mod smoltcp_tcp;
 pub mod stacks;
 pub mod stamp;
 pub mod suite;

@@ -114,6 +114,9 @@ struct AppArgs {
 
 #[derive(Subcommand)]
 enum AppCommand {
+    /// Deep crossing (Fig. 12): latency and inferences/s with the dense
+    /// layers in one kernel endpoint and split over two, per path.
+    DeepCrossing(uniplane_bench::app_deep_crossing::DeepCrossingArgs),
     /// Multi-regex matching (Fig. 13): three stages through uniplane, a
     /// relay through the CPU and one PCRE2 core, per input size.
     Regex(uniplane_bench::app_regex::RegexArgs),
@@ -650,6 +653,9 @@ struct PeerArgs {
     /// Draw each round's figure, ours beside the peer's (SVG or PNG).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// `--tool iperf3-tcp --stack smoltcp`: the veth's MTU (9000: jumbo).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
 }
 
 /// Per-second lines on stdout, a progress indicator on a terminal's stderr.
@@ -1332,6 +1338,8 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
     };
     // Frame-layer peers run on what they set up themselves (a veth, an EAL).
     let tool: Box<dyn Peer> = match a.tool {
+        // User-space TCP/IP sits on an interface: both sides on a veth.
+        Tool::Iperf3Tcp if a.stack == "smoltcp" => return peer_smoltcp(cli, a, &w),
         Tool::Iperf3 => Box::new(Iperf3Udp::default()),
         Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
         Tool::Sockperf => Box::new(peer::Sockperf::default()),
@@ -1426,6 +1434,30 @@ fn peer_trafgen(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError>
         Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
     };
     compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
+}
+
+fn peer_smoltcp(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    use uniplane_bench::smoltcp_tcp::VethTcp;
+    if peer::find_tool("iperf3").is_none() {
+        return Err(peer::PeerError::Missing {
+            tool: "iperf3",
+            package: "iperf3",
+        }
+        .into());
+    }
+    let veth = VethTcp::new(a.mtu)?;
+    let tool = veth.iperf3();
+    let note = format!(
+        "TCP over a veth between two namespaces, MTU {}: ours smoltcp on the AF_PACKET rings of \
+         one end sending {}-byte messages to a kernel socket on the other end, which counts what \
+         arrives from the first byte to the last; the peer iperf3 on both ends ({}-byte writes), \
+         what its receiver got",
+        veth.mtu(),
+        w.size,
+        w.size
+    );
+    let mut ours = |w: &Workload| veth.smoltcp(w.size, w.seconds as f64);
+    compare_and_report(cli, a, &tool, w, (false, note), &mut ours)
 }
 
 #[cfg(not(feature = "dpdk"))]
@@ -2319,6 +2351,22 @@ fn app_regex(cli: &Cli, a: &uniplane_bench::app_regex::RegexArgs) -> Result<(), 
     emit(cli.json, &Report::new("app", params, r))
 }
 
+fn app_deep_crossing(
+    cli: &Cli,
+    a: &uniplane_bench::app_deep_crossing::DeepCrossingArgs,
+) -> Result<(), BenchError> {
+    use uniplane_bench::app_deep_crossing::{print, run_deep_crossing};
+    let ticker = Ticker::start(cli, "app deep-crossing", None);
+    let r = run_deep_crossing(a)?;
+    drop(ticker);
+    print(&r);
+    let params = json!({
+        "app": "deep-crossing", "count": a.count, "pipeline": a.pipeline, "seed": a.seed,
+        "dims": a.dims, "nnz": a.nnz, "cut": a.cut, "paths": a.paths, "rounds": a.rounds,
+    });
+    emit(cli.json, &Report::new("app", params, r))
+}
+
 fn suite(cli: &Cli, a: &SuiteArgs) -> Result<(), BenchError> {
     use uniplane_bench::suite::{markdown, run_suite, target_text, RowResult, SuiteConfig};
     let with_ext = |ext: &str| {
@@ -2706,6 +2754,7 @@ fn main() -> ExitCode {
         Command::Hw(a) => hw(&cli, a),
         Command::Suite(a) => suite(&cli, a),
         Command::App(a) => match &a.app {
+            AppCommand::DeepCrossing(d) => app_deep_crossing(&cli, d),
             AppCommand::Regex(r) => app_regex(&cli, r),
         },
         Command::GenerateManual { dir } => {

@@ -12,9 +12,13 @@
 //! [`Sleeper`] waits for a departure without blocking the sender's
 //! runtime and without spinning through the gap: a timerfd (microsecond
 //! precision, where the runtime's timer has a millisecond) for all but the
-//! last [`SPIN_NS`], then a spin that yields to the runtime's other tasks
-//! (a stack's own timers and acknowledgments run there) on each check. At
-//! 2,000 messages a second that is a few percent of a core.
+//! last stretch, then a spin that yields to the runtime's other tasks
+//! (a stack's own timers and acknowledgments run there) on each check.
+//! The stretch is as long as the timer is late ([`SpinBudget`]: the 95th
+//! percentile of its measured lateness, plus a margin), not a fixed
+//! guess: on a quiet machine a few microseconds, so at 2,000 messages a
+//! second the spin costs a percent or two of a core, and under load it
+//! grows with the lateness so departures stay on time.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -27,9 +31,61 @@ use crate::args::Pattern;
 use crate::clock::Clock;
 use crate::BenchError;
 
-/// How long before a departure the sleeper stops sleeping and spins: a
-/// timer's wake-up is late by a few to some tens of microseconds.
+/// How long before a departure the sleeper stops sleeping and spins
+/// until it has measured its timer: a timer's wake-up is late by a few to
+/// some tens of microseconds.
 pub const SPIN_NS: u64 = 20_000;
+
+/// How long to spin before a departure: the 95th percentile of the
+/// timer's lateness, tracked as it is observed (a stochastic quantile
+/// estimate: up by 19 steps on a later wake-up, down by 1 on an earlier
+/// one), plus a margin, within [`SpinBudget::MIN_NS`] and
+/// [`SpinBudget::MAX_NS`].
+#[derive(Clone, Copy, Debug)]
+pub struct SpinBudget {
+    /// The lateness estimate, in ns.
+    late_ns: f64,
+}
+
+impl SpinBudget {
+    /// The least spin: the clock reads and the yield around a departure.
+    pub const MIN_NS: u64 = 2_000;
+    /// The most: a timer later than this is the machine's, not ours.
+    pub const MAX_NS: u64 = 100_000;
+    /// Added to the estimate.
+    const MARGIN_NS: f64 = 1_000.0;
+    /// One step of the estimate.
+    const STEP_NS: f64 = 100.0;
+
+    /// Starts at [`SPIN_NS`] until observations come.
+    pub fn new() -> SpinBudget {
+        SpinBudget {
+            late_ns: SPIN_NS as f64 - Self::MARGIN_NS,
+        }
+    }
+
+    /// The timer woke `late_ns` after it was set for.
+    pub fn observe(&mut self, late_ns: u64) {
+        let late = late_ns as f64;
+        if late > self.late_ns {
+            self.late_ns += 19.0 * Self::STEP_NS;
+        } else {
+            self.late_ns -= Self::STEP_NS;
+        }
+        self.late_ns = self.late_ns.clamp(0.0, Self::MAX_NS as f64);
+    }
+
+    /// How long to spin before a departure, in ns.
+    pub fn spin_ns(&self) -> u64 {
+        ((self.late_ns + Self::MARGIN_NS) as u64).clamp(Self::MIN_NS, Self::MAX_NS)
+    }
+}
+
+impl Default for SpinBudget {
+    fn default() -> Self {
+        SpinBudget::new()
+    }
+}
 
 /// Grants departures at a mean rate in a [`Pattern`].
 #[derive(Debug)]
@@ -147,6 +203,7 @@ impl<C: Clock> Pacer<C> {
 #[derive(Debug)]
 pub struct Sleeper {
     timer: AsyncFd<OwnedFd>,
+    budget: SpinBudget,
 }
 
 impl Sleeper {
@@ -176,7 +233,10 @@ impl Sleeper {
         // swaps it out; it stays open and the same until the AsyncFd drops.
         let timer = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
             .map_err(|e| BenchError::Timer(io::Error::from(e)))?;
-        Ok(Sleeper { timer })
+        Ok(Sleeper {
+            timer,
+            budget: SpinBudget::new(),
+        })
     }
 
     /// Sleeps `d` on the timerfd, letting the runtime run other tasks.
@@ -222,9 +282,10 @@ impl Sleeper {
         }
     }
 
-    /// Waits until `clock` reads `due_ns`: asleep on the timer until
-    /// [`SPIN_NS`] before it, then checking the clock, yielding to the
-    /// runtime's other tasks between checks.
+    /// Waits until `clock` reads `due_ns`: asleep on the timer until the
+    /// spin budget before it, then checking the clock, yielding to the
+    /// runtime's other tasks between checks. Each sleep's lateness
+    /// teaches the budget.
     pub async fn wait_until<C: Clock>(&mut self, clock: &C, due_ns: u64) -> Result<(), BenchError> {
         loop {
             let now = clock.now_ns();
@@ -232,12 +293,21 @@ impl Sleeper {
                 return Ok(());
             }
             let left = due_ns - now;
-            if left > SPIN_NS {
-                self.sleep(Duration::from_nanos(left - SPIN_NS)).await?;
+            let spin = self.budget.spin_ns();
+            if left > spin {
+                let nap = left - spin;
+                self.sleep(Duration::from_nanos(nap)).await?;
+                let woke = clock.now_ns();
+                self.budget.observe(woke.saturating_sub(now + nap));
             } else {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// The spin before a departure, as learned so far (ns).
+    pub fn spin_ns(&self) -> u64 {
+        self.budget.spin_ns()
     }
 }
 
@@ -261,6 +331,35 @@ mod tests {
             clock.advance(step_ns);
         }
         out
+    }
+
+    #[test]
+    fn the_spin_budget_settles_at_the_timers_95th_percentile_of_lateness() {
+        let mut b = SpinBudget::new();
+        assert_eq!(b.spin_ns(), SPIN_NS);
+        // Lateness uniform over 0..40 us: p95 = 38 us (the mean is 20),
+        // plus the 1 us margin; the estimate moves by 1.9 us at most a step.
+        let mut rng = SplitMix64::new(7);
+        for _ in 0..200_000 {
+            b.observe(rng.next_u64() % 40_000);
+        }
+        let spin = b.spin_ns();
+        assert!((36_500..=41_500).contains(&spin), "{spin}");
+        // A machine that gets busy: the budget follows the lateness up.
+        for _ in 0..20_000 {
+            b.observe(60_000 + rng.next_u64() % 10_000);
+        }
+        let spin = b.spin_ns();
+        assert!((68_000..=73_000).contains(&spin), "{spin}");
+        // Never below the floor nor above the ceiling.
+        for _ in 0..100_000 {
+            b.observe(0);
+        }
+        assert_eq!(b.spin_ns(), SpinBudget::MIN_NS);
+        for _ in 0..100_000 {
+            b.observe(10_000_000);
+        }
+        assert_eq!(b.spin_ns(), SpinBudget::MAX_NS);
     }
 
     fn within(got: usize, want: f64, tolerance: f64) -> bool {

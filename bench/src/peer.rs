@@ -276,7 +276,7 @@ fn read_all<R: Read + Send + 'static>(mut r: R) -> JoinHandle<String> {
     })
 }
 
-fn tail(s: &str, max: usize) -> String {
+pub(crate) fn tail(s: &str, max: usize) -> String {
     let t = s.trim();
     let start = t.char_indices().rev().nth(max).map(|(i, _)| i).unwrap_or(0);
     t[start..].to_owned()
@@ -300,7 +300,7 @@ const READY_WITHIN: Duration = Duration::from_secs(5);
 const SLACK: Duration = Duration::from_secs(15);
 
 /// The executable of `tool`: `configured`, else `tool` on `PATH`.
-fn locate(
+pub(crate) fn locate(
     configured: &Option<PathBuf>,
     tool: &'static str,
     package: &'static str,
@@ -325,7 +325,7 @@ fn free_port(tool: &'static str) -> Result<u16, PeerError> {
 /// [`READY_WITHIN`]) for `ready` on its stdout, then runs `client` for the
 /// workload's seconds (killed past them plus [`SLACK`]) and stops the
 /// server. Returns the client's exit status, stdout and stderr.
-fn server_then_client(
+pub(crate) fn server_then_client(
     tool: &'static str,
     server: &mut Command,
     ready: &'static str,

@@ -242,3 +242,61 @@ fn trafgen_needs_the_ether_stack() {
         "use it with --stack ether",
     );
 }
+
+#[test]
+fn iperf3_and_our_user_space_tcp_on_a_veth_side_by_side() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !uniplane_netns::available() {
+        eprintln!("skipping: namespaces and a veth need root");
+        return;
+    }
+    if !tool_available("iperf3", "iperf3") {
+        return;
+    }
+    let v = last_json(&bench(&[
+        "peer",
+        "--tool",
+        "iperf3-tcp",
+        "--stack",
+        "smoltcp",
+        "--size",
+        "16000",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--mtu",
+        "9000",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "results.metric"), "gbps");
+    assert_eq!(string(&v, "results.peer_tool"), "iperf3");
+    let ours = number(&v, "results.ours");
+    let peer = number(&v, "results.peer");
+    assert!(ours > 0.0 && peer > 0.0, "{ours} {peer}");
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    // What the kernel socket counted: at least one whole message.
+    assert!(rounds[0]["detail"]["bytes"].as_u64().unwrap() >= 16_000);
+    assert_eq!(rounds[0]["detail"]["mtu"], 9000);
+    assert_eq!(rounds[1]["detail"]["mtu"], 9000);
+}
+
+#[test]
+fn a_veth_mtu_outside_its_range_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    fails_with(
+        &[
+            "peer",
+            "--tool",
+            "iperf3-tcp",
+            "--stack",
+            "smoltcp",
+            "--mtu",
+            "100",
+        ],
+        "--mtu 100: 576..=9000",
+    );
+}

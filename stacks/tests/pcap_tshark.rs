@@ -13,13 +13,7 @@ use uniplane_stacks::pcap::{Capture, PcapWriter};
 /// script demands every tool (UNIPLANE_REQUIRE_TOOLS=1).
 fn tshark_available() -> bool {
     let found = Command::new("tshark").arg("--version").output().is_ok();
-    if !found && std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_some() {
-        panic!("tshark is required (UNIPLANE_REQUIRE_TOOLS is set) but not installed");
-    }
-    if !found {
-        eprintln!("tshark not installed: skipping (scripts/test.sh installs it)");
-    }
-    found
+    uniplane_netns::require_tool("pcap_tshark", (!found).then_some("tshark"))
 }
 
 #[tokio::test]

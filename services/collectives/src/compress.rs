@@ -222,7 +222,9 @@ async fn serve(
     stats: Arc<CompressionStats>,
 ) {
     let (events_tx, mut events) = mpsc::channel::<Event>(1024);
-    let mut conns: Vec<mpsc::Sender<Bytes>> = Vec::new();
+    // Connections by their index, and the rank each serves; a connection
+    // that left is forgotten with its ranks.
+    let mut conns: HashMap<usize, mpsc::Sender<Bytes>> = HashMap::new();
     let mut ranks: HashMap<u64, usize> = HashMap::new();
     let mut unknown: Vec<(u64, Bytes)> = Vec::new();
     let mut index = 0usize;
@@ -235,12 +237,14 @@ async fn serve(
             }
             Some(e) = events.recv() => match e {
                 Event::Joined(i, tx) => {
-                    debug_assert_eq!(i, conns.len());
-                    conns.push(tx);
+                    conns.insert(i, tx);
                 }
                 // Nothing waits on one connection: a rank's relayed
                 // segments are whole frames.
-                Event::Left(_) => {}
+                Event::Left(i) => {
+                    conns.remove(&i);
+                    ranks.retain(|_, c| *c != i);
+                }
                 Event::Frame(i, payload) => {
                     let (h, data) = match Header::parse(&payload) {
                         Ok(x) => x,
@@ -255,8 +259,10 @@ async fn serve(
                         // Deliver what waited for this rank.
                         let (now, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut unknown).into_iter().partition(|(d, _)| *d == h.dst);
                         unknown = wait;
-                        for (_, f) in now {
-                            let _ = conns[i].send(f).await;
+                        if let Some(tx) = conns.get(&i) {
+                            for (_, f) in now {
+                                let _ = tx.send(f).await;
+                            }
                         }
                         continue;
                     }
@@ -298,9 +304,9 @@ async fn serve(
                         } else {
                             payload.clone()
                         };
-                        match ranks.get(&h.dst) {
-                            Some(&c) => {
-                                let _ = conns[c].send(out).await;
+                        match ranks.get(&h.dst).and_then(|c| conns.get(c)) {
+                            Some(tx) => {
+                                let _ = tx.send(out).await;
                             }
                             None if unknown.len() < UNKNOWN_MAX => unknown.push((h.dst, out)),
                             None => {

@@ -55,6 +55,10 @@ const ERROR: u8 = 3;
 const ALL: u16 = u16::MAX;
 /// Accumulators an operator holds at once (over every call and rank).
 const MAX_PENDING: usize = 4096;
+/// Bytes those accumulators may hold together (operands and the per-rank
+/// record a segment keeps: 16 bytes a rank): a frame can claim 65,535
+/// ranks, so the count alone does not bound the memory.
+const MAX_PENDING_BYTES: usize = 256 << 20;
 
 /// A parsed operator frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,14 +208,29 @@ struct Pending {
     got: usize,
 }
 
+impl Pending {
+    /// What it holds, as [`MAX_PENDING_BYTES`] counts it.
+    fn bytes(&self) -> usize {
+        self.acc.len() + self.from.len() * std::mem::size_of::<Option<usize>>()
+    }
+}
+
+/// The segments being combined, and the bytes they hold.
+#[derive(Default)]
+struct Accumulators {
+    map: HashMap<(u64, u32), Pending>,
+    bytes: usize,
+}
+
 async fn serve(
     session: Session,
     mut listener: uniplane_client::Listener,
     stats: Arc<OperatorStats>,
 ) {
     let (events_tx, mut events) = mpsc::channel::<Event>(1024);
-    let mut conns: Vec<mpsc::Sender<Bytes>> = Vec::new();
-    let mut pending: HashMap<(u64, u32), Pending> = HashMap::new();
+    // Connections by their index; a connection that left is forgotten.
+    let mut conns: HashMap<usize, mpsc::Sender<Bytes>> = HashMap::new();
+    let mut pending = Accumulators::default();
     let mut scratch = Vec::new();
     let mut next = 0usize;
     loop {
@@ -224,16 +243,17 @@ async fn serve(
             }
             Some(e) = events.recv() => match e {
                 Event::Joined(i, tx) => {
-                    debug_assert_eq!(i, conns.len());
-                    conns.push(tx);
+                    conns.insert(i, tx);
                 }
                 Event::Left(i) => {
-                    pending.retain(|_, p| !p.from.contains(&Some(i)));
-                    stats.pending.store(pending.len() as u64, Ordering::Relaxed);
+                    conns.remove(&i);
+                    pending.map.retain(|_, p| !p.from.contains(&Some(i)));
+                    pending.bytes = pending.map.values().map(Pending::bytes).sum();
+                    stats.pending.store(pending.map.len() as u64, Ordering::Relaxed);
                 }
                 Event::Frame(i, payload) => {
                     let folded = fold(i, &payload, &mut pending, &conns, &stats, &mut scratch).await;
-                    stats.pending.store(pending.len() as u64, Ordering::Relaxed);
+                    stats.pending.store(pending.map.len() as u64, Ordering::Relaxed);
                     if let Err(why) = folded {
                         stats.malformed.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!("reduction operator refused a frame: {why}");
@@ -241,7 +261,7 @@ async fn serve(
                             kind: 0, datatype: 0, op: 0, n: 0, rank: 0, root: 0, segment: 0, context: 0, len: 0,
                         });
                         let err = Header { kind: ERROR, ..h }.encode(why.as_bytes());
-                        if let Some(tx) = conns.get(i) {
+                        if let Some(tx) = conns.get(&i) {
                             let _ = tx.send(err).await;
                         }
                     }
@@ -256,8 +276,8 @@ async fn serve(
 async fn fold(
     conn: usize,
     payload: &[u8],
-    pending: &mut HashMap<(u64, u32), Pending>,
-    conns: &[mpsc::Sender<Bytes>],
+    pending: &mut Accumulators,
+    conns: &HashMap<usize, mpsc::Sender<Bytes>>,
     stats: &OperatorStats,
     scratch: &mut Vec<u8>,
 ) -> Result<(), String> {
@@ -282,14 +302,22 @@ async fn fold(
         .operand_bytes
         .fetch_add(data.len() as u64, Ordering::Relaxed);
     let key = (h.context, h.segment);
-    let full = pending.len() >= MAX_PENDING;
-    let p = match pending.entry(key) {
+    let full = pending.map.len() >= MAX_PENDING;
+    let held = pending.bytes;
+    let p = match pending.map.entry(key) {
         std::collections::hash_map::Entry::Vacant(v) => {
             if full {
                 return Err(format!("more than {MAX_PENDING} segments pending"));
             }
+            let bytes = data.len() + h.n as usize * std::mem::size_of::<Option<usize>>();
+            if held + bytes > MAX_PENDING_BYTES {
+                return Err(format!(
+                    "a segment of {bytes} bytes over the {MAX_PENDING_BYTES} bytes pending segments may hold"
+                ));
+            }
             let mut from = vec![None; h.n as usize];
             from[h.rank as usize] = Some(conn);
+            pending.bytes += bytes;
             v.insert(Pending {
                 first: h,
                 acc: data.to_vec(),
@@ -318,9 +346,10 @@ async fn fold(
     if p.got < p.from.len() {
         return Ok(());
     }
-    let Some(p) = pending.remove(&key) else {
+    let Some(p) = pending.map.remove(&key) else {
         return Ok(());
     };
+    pending.bytes -= p.bytes();
     stats.segments.fetch_add(1, Ordering::Relaxed);
     let result = |with: bool| {
         Header {
@@ -333,7 +362,7 @@ async fn fold(
     let (with, without) = (result(true), result(false));
     for (rank, c) in p.from.iter().enumerate() {
         let wants = p.first.root == ALL || p.first.root as usize == rank;
-        if let Some(tx) = c.and_then(|c| conns.get(c)) {
+        if let Some(tx) = c.and_then(|c| conns.get(&c)) {
             let _ = tx
                 .send(if wants { with.clone() } else { without.clone() })
                 .await;
@@ -572,6 +601,65 @@ pub(crate) async fn find(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Operand frames claiming 65,535 ranks each hold 1 MiB of rank
+    /// records: they are refused once the accumulators' bytes would pass
+    /// their bound, and a segment that completes gives its bytes back.
+    #[tokio::test]
+    async fn pending_segments_are_bounded_by_the_bytes_they_hold() {
+        let stats = OperatorStats::default();
+        let conns = HashMap::new();
+        let mut pending = Accumulators::default();
+        let mut scratch = Vec::new();
+        let frame = |n: u16, rank: u16, segment: u32| {
+            Header {
+                kind: OPERAND,
+                datatype: 3,
+                op: 0,
+                n,
+                rank,
+                root: ALL,
+                segment,
+                context: 1,
+                len: 0,
+            }
+            .encode(&[0u8; 64])
+        };
+        let mut refused = None;
+        for segment in 0..1000 {
+            let r = fold(
+                0,
+                &frame(u16::MAX, 0, segment),
+                &mut pending,
+                &conns,
+                &stats,
+                &mut scratch,
+            )
+            .await;
+            assert!(pending.bytes <= MAX_PENDING_BYTES);
+            if let Err(why) = r {
+                refused = Some((segment, why));
+                break;
+            }
+        }
+        let (at, why) = refused.expect("the bound was never reached");
+        assert!(why.contains("pending segments may hold"), "{why}");
+        let per = 64 + usize::from(u16::MAX) * std::mem::size_of::<Option<usize>>();
+        assert_eq!(at as usize, MAX_PENDING_BYTES / per);
+        // A segment of two ranks still fits in what is left, and gives
+        // its bytes back when it completes.
+        let before = (pending.map.len(), pending.bytes);
+        let two = |rank| frame(2, rank, 5000);
+        fold(0, &two(0), &mut pending, &conns, &stats, &mut scratch)
+            .await
+            .unwrap();
+        assert!(pending.bytes > before.1);
+        fold(1, &two(1), &mut pending, &conns, &stats, &mut scratch)
+            .await
+            .unwrap();
+        assert_eq!((pending.map.len(), pending.bytes), before);
+        assert_eq!(stats.segments.load(Ordering::Relaxed), 1);
+    }
 
     #[test]
     fn frames_round_trip_and_bad_ones_are_refused() {

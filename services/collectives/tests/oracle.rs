@@ -207,10 +207,10 @@ fn compare(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_collective_datatype_and_op_matches_openmpi() {
     let (Some(mpicc), Some(mpirun)) = (find("mpicc.openmpi"), find("mpirun.openmpi")) else {
-        if std::env::var("UNIPLANE_REQUIRE_TOOLS").as_deref() == Ok("1") {
-            panic!("mpicc.openmpi or mpirun.openmpi missing (UNIPLANE_REQUIRE_TOOLS=1): apt-get install openmpi-bin libopenmpi-dev");
-        }
-        println!("skipped: OpenMPI (mpicc.openmpi, mpirun.openmpi) is not installed");
+        uniplane_netns::require_tool(
+            "every_collective_datatype_and_op_matches_openmpi",
+            Some("OpenMPI: mpicc.openmpi and mpirun.openmpi (openmpi-bin, libopenmpi-dev)"),
+        );
         return;
     };
     let dir = std::env::temp_dir().join(format!("uniplane-coll-oracle-{}", std::process::id()));

@@ -19,10 +19,14 @@
 //!
 //! Shipped kernels: [`Echo`] returns the payload, [`Sum32`] answers the
 //! wrapping sum of a payload of little-endian `u32`s, [`SumMemory32`]
-//! the same sum over a range of the device's memory.
+//! the same sum over a range of the device's memory. The [`library`] holds
+//! kernels that take parameters: [`dense`], the layers of a multilayer
+//! perceptron (deep crossing's stages), and [`regex_stage`], a stage of
+//! the multi-regex matching pipeline.
 
 #![deny(missing_docs)]
 
+pub mod dense;
 pub mod library;
 pub mod regex_stage;
 pub mod wire;

@@ -427,26 +427,66 @@ impl Endpoint {
         call: Call,
         completion: Completion,
     ) -> Result<(), PgasError> {
-        let kind = match shape {
-            Shape::Contiguous { .. } => Kind::Long,
-            Shape::Strided { .. } => Kind::Strided,
-            Shape::Vectored(_) => Kind::Vectored,
-        };
-        shape
-            .validate(payload.len() as u64)
-            .map_err(|e| PgasError::Invalid(e.to_string()))?;
-        let mut head = request(kind, call, completion);
-        head.segment = segment;
-        head.len = len32(payload.len())?;
-        let mut desc = BytesMut::with_capacity(shape.descriptor_len());
-        head.count = shape.put(&mut desc);
-        if HEADER_LEN + desc.len() > MAX_FRAME {
-            return Err(PgasError::Invalid("descriptor larger than a frame".into()));
-        }
+        let (head, desc) = long_head(segment, &shape, payload.len() as u64, call, completion)?;
         self.inner
             .send(dst, head, &desc, payload, false)
             .await
             .map(drop)
+    }
+
+    /// A medium active message whose `len` bytes of payload come from
+    /// `stream` as it yields them (Shoal's payload from a kernel's stream
+    /// rather than its memory): frames leave as they fill, nothing is
+    /// gathered here. The frames of one message go out together, so other
+    /// requests to `dst` wait while the stream is read.
+    ///
+    /// A stream that ends before `len` bytes is an error, and the message
+    /// is cut: the target drops it — no handler runs — when the next
+    /// frame from this endpoint comes (any request, or the flush of a
+    /// [`Endpoint::quiet`]), and refuses it `Malformed`. Bytes a stream
+    /// yields beyond `len` are not sent, and are an error too (polled no
+    /// further than the chunk that holds the `len`th byte).
+    pub async fn medium_from_stream<S>(
+        &self,
+        dst: usize,
+        call: Call,
+        len: u64,
+        stream: S,
+        completion: Completion,
+    ) -> Result<(), PgasError>
+    where
+        S: futures_util::Stream<Item = Bytes> + Send,
+    {
+        let mut head = request(Kind::Medium, call, completion);
+        head.len = len32(usize::try_from(len).unwrap_or(usize::MAX))?;
+        let stream = std::pin::pin!(stream);
+        let source = Source::stream(stream, len);
+        self.inner.send_from(dst, head, &[], source).await
+    }
+
+    /// A long active message whose `len` bytes come from `stream` and land
+    /// in `shape` of segment `segment` of `dst`, then `call` runs there;
+    /// as [`Endpoint::medium_from_stream`]. Of a cut message, the bytes
+    /// that landed before the cut stay in the segment; its handler and
+    /// counter do not run.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn long_from_stream<S>(
+        &self,
+        dst: usize,
+        segment: SegmentId,
+        shape: Shape,
+        len: u64,
+        stream: S,
+        call: Call,
+        completion: Completion,
+    ) -> Result<(), PgasError>
+    where
+        S: futures_util::Stream<Item = Bytes> + Send,
+    {
+        let (head, desc) = long_head(segment, &shape, len, call, completion)?;
+        let stream = std::pin::pin!(stream);
+        let source = Source::stream(stream, len);
+        self.inner.send_from(dst, head, &desc, source).await
     }
 
     /// A get-medium: `payload` to `call` at `dst`; its handler's answer
@@ -654,6 +694,120 @@ fn request(kind: Kind, call: Call, completion: Completion) -> Head {
     }
 }
 
+/// The first frame's head and shape descriptor of a long message of
+/// `len` bytes.
+fn long_head(
+    segment: SegmentId,
+    shape: &Shape,
+    len: u64,
+    call: Call,
+    completion: Completion,
+) -> Result<(Head, BytesMut), PgasError> {
+    let kind = match shape {
+        Shape::Contiguous { .. } => Kind::Long,
+        Shape::Strided { .. } => Kind::Strided,
+        Shape::Vectored(_) => Kind::Vectored,
+    };
+    shape
+        .validate(len)
+        .map_err(|e| PgasError::Invalid(e.to_string()))?;
+    let mut head = request(kind, call, completion);
+    head.segment = segment;
+    head.len = len32(usize::try_from(len).unwrap_or(usize::MAX))?;
+    let mut desc = BytesMut::with_capacity(shape.descriptor_len());
+    head.count = shape.put(&mut desc);
+    if HEADER_LEN + desc.len() > MAX_FRAME {
+        return Err(PgasError::Invalid("descriptor larger than a frame".into()));
+    }
+    Ok((head, desc))
+}
+
+/// Where a request's payload comes from: memory, or a stream read as
+/// frames fill.
+enum Source<'a> {
+    Slice(&'a [u8]),
+    Stream {
+        stream: std::pin::Pin<&'a mut (dyn futures_util::Stream<Item = Bytes> + Send)>,
+        /// Bytes still to send.
+        left: u64,
+        /// Declared in all.
+        len: u64,
+        /// What the last chunk had beyond the frame it filled.
+        carry: Bytes,
+    },
+}
+
+impl<'a> Source<'a> {
+    fn stream(
+        stream: std::pin::Pin<&'a mut (dyn futures_util::Stream<Item = Bytes> + Send)>,
+        len: u64,
+    ) -> Source<'a> {
+        Source::Stream {
+            stream,
+            left: len,
+            len,
+            carry: Bytes::new(),
+        }
+    }
+
+    /// Bytes still to send.
+    fn left(&self) -> u64 {
+        match self {
+            Source::Slice(p) => p.len() as u64,
+            Source::Stream { left, .. } => *left,
+        }
+    }
+
+    /// Appends up to `room` more payload bytes to `frame`.
+    async fn fill(&mut self, frame: &mut BytesMut, room: usize) -> Result<(), PgasError> {
+        match self {
+            Source::Slice(p) => {
+                let take = p.len().min(room);
+                frame.extend_from_slice(&p[..take]);
+                *p = &p[take..];
+                Ok(())
+            }
+            Source::Stream {
+                stream,
+                left,
+                len,
+                carry,
+            } => {
+                let mut room = room;
+                while room > 0 && *left > 0 {
+                    if carry.is_empty() {
+                        match stream.next().await {
+                            Some(chunk) => *carry = chunk,
+                            None => {
+                                return Err(PgasError::Invalid(format!(
+                                "the payload stream ended after {} of the {len} bytes declared: \
+                                     the message was cut",
+                                *len - *left
+                            )))
+                            }
+                        }
+                    }
+                    let take = (carry.len() as u64).min(*left).min(room as u64) as usize;
+                    frame.extend_from_slice(&carry.split_to(take));
+                    room -= take;
+                    *left -= take as u64;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// After the last byte: an error when the stream yielded more.
+    fn check_end(&self) -> Result<(), PgasError> {
+        match self {
+            Source::Stream { carry, len, .. } if !carry.is_empty() => Err(PgasError::Invalid(
+                format!("the payload stream yielded more than the {len} bytes declared: the first {len} were sent"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 fn len32(n: usize) -> Result<u32, PgasError> {
     u32::try_from(n).map_err(|_| PgasError::Invalid("payload over 4 GiB".into()))
 }
@@ -750,7 +904,9 @@ impl Inner {
                 .insert(head.token, tx);
             rx
         });
-        let result = self.send_frames(dst, peer, head, desc, payload).await;
+        let result = self
+            .send_frames(dst, peer, head, desc, Source::Slice(payload))
+            .await;
         if result.is_err() && wait {
             self.pending
                 .lock()
@@ -760,13 +916,28 @@ impl Inner {
         result.map(|()| rx)
     }
 
+    /// Sends a request whose payload comes from `source`, not waiting for
+    /// its reply.
+    async fn send_from(
+        &self,
+        dst: usize,
+        mut head: Head,
+        desc: &[u8],
+        source: Source<'_>,
+    ) -> Result<(), PgasError> {
+        let net = self.net()?;
+        let peer = net.peers.get(dst).ok_or(PgasError::NoRank(dst))?;
+        head.token = self.next_token.fetch_add(1, Ordering::Relaxed).max(1);
+        self.send_frames(dst, peer, head, desc, source).await
+    }
+
     async fn send_frames(
         &self,
         dst: usize,
         peer: &Peer,
         head: Head,
         desc: &[u8],
-        mut payload: &[u8],
+        mut payload: Source<'_>,
     ) -> Result<(), PgasError> {
         let mut conn = peer.data.lock().await;
         // A quiet's own flush leaves nothing for the next quiet to wait for.
@@ -775,8 +946,8 @@ impl Inner {
         }
         let mut first = true;
         loop {
-            let mut frame =
-                BytesMut::with_capacity(MAX_FRAME.min(HEADER_LEN + desc.len() + payload.len()));
+            let wanted = (HEADER_LEN + desc.len()) as u64 + payload.left();
+            let mut frame = BytesMut::with_capacity(MAX_FRAME.min(wanted as usize));
             if first {
                 head.put(&mut frame);
                 frame.extend_from_slice(desc);
@@ -787,9 +958,12 @@ impl Inner {
                 }
                 .put(&mut frame);
             }
-            let take = payload.len().min(MAX_FRAME - frame.len());
-            frame.extend_from_slice(&payload[..take]);
-            payload = &payload[take..];
+            let room = MAX_FRAME - frame.len();
+            let filled = payload.fill(&mut frame, room).await;
+            if filled.is_err() && !first && frame.len() == HEADER_LEN {
+                // Nothing more came: no empty frame.
+                return filled;
+            }
             // Flow control: wait for the target to have room.
             peer.credit
                 .acquire_many(charge(frame.len()) as u32)
@@ -799,9 +973,12 @@ impl Inner {
             conn.send_bytes(frame.freeze())
                 .await
                 .map_err(|_| PgasError::Closed(dst))?;
+            // A stream that ended short: what it gave has gone, and the
+            // target drops the message at the next frame (doc above).
+            filled?;
             first = false;
-            if payload.is_empty() {
-                return Ok(());
+            if payload.left() == 0 {
+                return payload.check_end();
             }
         }
     }

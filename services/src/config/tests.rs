@@ -1008,7 +1008,8 @@ fn kernel_settings_out_of_range_unknown_or_misplaced_are_refused_with_the_field(
         (
             "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nfunction = \"fft\"\n".to_owned(),
             "c.toml:4:12: field `devices.function`: `fft`: expected \"echo\", \"sum32\" or \
-             \"sum32-memory\" (or, for failure tests, \"stall\", \"panic\" or \"garbage\")",
+             \"sum32-memory\", or a library kernel: \"dense\", \"regex-stage\" (or, for failure tests, \
+             \"stall\", \"panic\" or \"garbage\")",
         ),
         (
             "[[devices]]\nname = \"k\"\nkind = \"kernel\"\n".to_owned(),

@@ -146,11 +146,8 @@ fn smoltcp_talks_tcp_and_udp_with_the_kernel_and_tshark_finds_every_checksum_goo
     if !uniplane_netns::require("smoltcp_talks_with_the_kernel", false) {
         return;
     }
-    if !tshark_available() {
-        if std::env::var_os("UNIPLANE_REQUIRE_TOOLS").is_some_and(|v| v == "1") {
-            panic!("needs tshark (UNIPLANE_REQUIRE_TOOLS=1)");
-        }
-        eprintln!("skipped: needs tshark (scripts/test.sh installs it)");
+    let missing = (!tshark_available()).then_some("tshark");
+    if !uniplane_netns::require_tool("smoltcp_talks_with_the_kernel", missing) {
         return;
     }
     let pair = Pair::new().unwrap();
