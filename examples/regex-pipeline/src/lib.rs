@@ -8,7 +8,7 @@
 //!  one core:          app: PCRE2, every rule in turn
 //! ```
 //!
-//! The stages are kernel devices of one daemon ([`pipeline::daemon_config`]);
+//! The stages are kernel devices of one daemon ([`pipeline::Stages::devices`]);
 //! whether they forward to each other (`next`) or an application relays
 //! between them is the configuration's only difference. This crate holds
 //! what the application needs around them: the rule set's per-engine
