@@ -1,6 +1,9 @@
 //! What the regex pipeline's tests share: the Core Rule Set of Debian's
 //! `modsecurity-crs`, and the engines this build has.
 
+// Each test file uses a part of it.
+#![allow(dead_code)]
+
 use std::path::Path;
 
 use uniplane_regex_pipeline::{EngineKind, RuleSet, DEBIAN_CRS_RULES};
