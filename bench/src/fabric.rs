@@ -407,18 +407,37 @@ fn round_trips(path: Path, size: usize, count: u64) -> Result<Latency, BenchErro
     match path {
         Path::Direct => {
             let (mut app, port) = ring_link(64);
-            // The engine's end of a ring pair, echoed as a link would.
+            // The engine's end of a ring pair, echoed as the inline path's
+            // echo does on its link: a receive that finds nothing arms the
+            // waker (as `poll_recv_batch` does), and each answer is a new
+            // message back to its sender, so the two paths differ by the
+            // engine alone.
             struct Ends(uniplane_dataplane::ring::RingPort);
             let echo = {
                 let stop = stop.clone();
                 let mut port = Ends(port);
                 std::thread::spawn(move || {
+                    let waker = noop_waker();
+                    let mut cx = Context::from_waker(&waker);
                     let mut buf = Vec::with_capacity(8);
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         buf.clear();
-                        port.0.input.pop_into(&mut buf, 8);
+                        if port.0.input.pop_into(&mut buf, 8) == 0 {
+                            match port.0.input.poll_available(&mut cx) {
+                                Poll::Ready(true) => {
+                                    port.0.input.pop_into(&mut buf, 8);
+                                }
+                                _ => {
+                                    std::hint::spin_loop();
+                                    continue;
+                                }
+                            }
+                        }
                         for m in buf.drain(..) {
-                            let _ = port.0.output.push(m);
+                            let (h, payload) = m.into_parts();
+                            if let Ok(back) = Message::send(h.dst.port(2), h.src.port(1), payload) {
+                                let _ = port.0.output.push(back);
+                            }
                         }
                         port.0.output.flush();
                     }
@@ -510,6 +529,6 @@ pub fn run_overhead(size: usize, count: u64) -> Result<Value, BenchError> {
         "rtt_without_ns": without.percentiles(),
         "rtt_inline_ns": inline.percentiles(),
         "rtt_through_engine_thread_ns": thread.percentiles(),
-        "note": "without: app and echo threads over one ring pair (2 cross-core hand-offs per round trip); inline: the same two threads on inline links, each forwarding through the engine on its own thread (2 hand-offs, 2 engine passes; added per traversal = one pass); through the engine thread: app and echo on one thread, the engine busy-polling on another core (4 hand-offs; added = one hand-off plus the engine's work)",
+        "note": "without: app and echo threads over one ring pair (2 cross-core hand-offs per round trip), the echo receiving and answering as the inline path's does; inline: the same two threads on inline links, each forwarding through the engine on its own thread (2 hand-offs, 2 engine passes; added per traversal = one pass); through the engine thread: app and echo on one thread, the engine busy-polling on another core (4 hand-offs; added = one hand-off plus the engine's work)",
     }))
 }

@@ -25,6 +25,17 @@ pub trait Backlog {
     fn has_head(&self, queue: usize) -> bool {
         self.head_len(queue).is_some()
     }
+    /// The first of `queues` queues that holds a message, looking from
+    /// `from` on and wrapping around: round robin's next turn. Queues
+    /// that keep a bit per backlogged queue answer from those words
+    /// instead of looking at every queue.
+    #[inline]
+    fn next_backlogged(&self, from: usize, queues: usize) -> Option<usize> {
+        let from = from.min(queues);
+        (from..queues)
+            .find(|&q| self.has_head(q))
+            .or_else(|| (0..from).find(|&q| self.has_head(q)))
+    }
 }
 
 impl<F: Fn(usize) -> Option<u32>> Backlog for F {
@@ -243,14 +254,9 @@ impl Scheduler {
     pub fn pick(&mut self, backlog: &impl Backlog) -> Option<usize> {
         match &mut self.state {
             State::RoundRobin { next } => {
-                for i in 0..self.queues {
-                    let q = (*next + i) % self.queues;
-                    if backlog.has_head(q) {
-                        *next = (q + 1) % self.queues;
-                        return Some(q);
-                    }
-                }
-                None
+                let q = backlog.next_backlogged(*next, self.queues)?;
+                *next = if q + 1 == self.queues { 0 } else { q + 1 };
+                Some(q)
             }
             State::Weighted(drr) => drr.pick(backlog),
             State::StrictPriority(classes) => {
@@ -314,6 +320,23 @@ mod tests {
             })
             .collect();
         assert_eq!(order, vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn round_robin_skips_empty_queues_and_wraps_past_the_last() {
+        let q = Queues(RefCell::new(vec![
+            VecDeque::from([64]),
+            VecDeque::new(),
+            VecDeque::from([64, 64]),
+        ]));
+        let mut s = Scheduler::new(3);
+        let order: Vec<usize> = std::iter::from_fn(|| {
+            let i = s.pick(&q)?;
+            q.0.borrow_mut()[i].pop_front();
+            Some(i)
+        })
+        .collect();
+        assert_eq!(order, vec![0, 2, 2]);
     }
 
     #[test]

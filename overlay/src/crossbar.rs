@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use uniplane_dataplane::sched::{Policy, PolicyError, Scheduler};
+use uniplane_dataplane::sched::{Backlog, Policy, PolicyError, Scheduler};
 use uniplane_dataplane::Message;
 
 use crate::PortId;
@@ -27,17 +27,28 @@ pub struct Crossbar {
     /// different cores each write their own output's.
     backlog: Vec<Line<usize>>,
     sched: Vec<Line<Scheduler>>,
+    /// A bit per input that has messages queued, per output: `lines`
+    /// lines of each output's own, so the scheduler finds the next
+    /// backlogged input in a word instead of looking at every queue, and
+    /// senders on different cores write different lines.
+    occupied: Vec<Line<[u64; WORDS]>>,
+    /// Lines of `occupied` per output.
+    lines: usize,
 }
 
 /// A value on a cache line of its own.
 #[repr(align(64))]
 struct Line<T>(T);
 
+/// Words of input bits on one cache line.
+const WORDS: usize = 8;
+
 impl Crossbar {
     /// A crossbar of `ports` inputs and outputs, each queue holding `depth`
     /// messages; round-robin on every output.
     pub fn new(ports: usize, depth: usize) -> Self {
         let depth = depth.max(1);
+        let lines = ports.div_ceil(64 * WORDS).max(1);
         Crossbar {
             ports,
             depth,
@@ -46,7 +57,17 @@ impl Crossbar {
                 .collect(),
             backlog: (0..ports).map(|_| Line(0)).collect(),
             sched: (0..ports).map(|_| Line(Scheduler::new(ports))).collect(),
+            occupied: (0..ports * lines).map(|_| Line([0; WORDS])).collect(),
+            lines,
         }
+    }
+
+    /// The word of `output`'s bits that holds `input`'s, and its bit.
+    #[inline]
+    fn bit(&mut self, input: usize, output: usize) -> (&mut u64, u64) {
+        let word = input / 64;
+        let line = &mut self.occupied[output * self.lines + word / WORDS].0;
+        (&mut line[word % WORDS], 1 << (input % 64))
     }
 
     /// Number of ports.
@@ -74,6 +95,8 @@ impl Crossbar {
         }
         q.push_back(m);
         self.backlog[output as usize].0 += 1;
+        let (word, bit) = self.bit(input as usize, output as usize);
+        *word |= bit;
         Ok(())
     }
 
@@ -91,16 +114,21 @@ impl Crossbar {
         if self.backlog[out].0 == 0 {
             return None;
         }
-        let ports = self.ports;
-        let voq = &self.voq;
-        let head = |input: usize| {
-            voq[input * ports + out]
-                .front()
-                .map(|m| m.encoded_len() as u32)
+        let heads = Heads {
+            voq: &self.voq,
+            ports: self.ports,
+            output: out,
+            occupied: &self.occupied[out * self.lines..(out + 1) * self.lines],
         };
-        let input = self.sched[out].0.pick(&head)?;
-        let m = self.voq[input * ports + out].pop_front()?;
+        let input = self.sched[out].0.pick(&heads)?;
+        let q = &mut self.voq[input * self.ports + out];
+        let m = q.pop_front()?;
+        let emptied = q.is_empty();
         self.backlog[out].0 -= 1;
+        if emptied {
+            let (word, bit) = self.bit(input, out);
+            *word &= !bit;
+        }
         Some((input as PortId, m))
     }
 
@@ -124,6 +152,10 @@ impl Crossbar {
             let q = &mut self.voq[o * self.ports + input];
             self.backlog[input].0 -= q.len();
             q.clear();
+            for (i, out) in [(input, o), (o, input)] {
+                let (word, bit) = self.bit(i, out);
+                *word &= !bit;
+            }
         }
         let _ = self.sched[o].0.set_policy(Policy::RoundRobin);
     }
@@ -131,6 +163,61 @@ impl Crossbar {
     /// The policy of `output`.
     pub fn policy(&self, output: PortId) -> &Policy {
         self.sched[output as usize].0.policy()
+    }
+}
+
+/// One output's queues as its scheduler sees them.
+struct Heads<'a> {
+    voq: &'a [VecDeque<Message>],
+    ports: usize,
+    output: usize,
+    /// The output's lines of input bits.
+    occupied: &'a [Line<[u64; WORDS]>],
+}
+
+impl Heads<'_> {
+    /// The word of input bits number `w`.
+    #[inline]
+    fn word(&self, w: usize) -> u64 {
+        self.occupied[w / WORDS].0[w % WORDS]
+    }
+}
+
+impl Backlog for Heads<'_> {
+    #[inline]
+    fn head_len(&self, input: usize) -> Option<u32> {
+        self.voq[input * self.ports + self.output]
+            .front()
+            .map(|m| m.encoded_len() as u32)
+    }
+
+    #[inline]
+    fn has_head(&self, input: usize) -> bool {
+        self.word(input / 64) & (1 << (input % 64)) != 0
+    }
+
+    /// The first set bit from `from` on, then from the first word.
+    #[inline]
+    fn next_backlogged(&self, from: usize, queues: usize) -> Option<usize> {
+        let words = queues.div_ceil(64);
+        if words == 0 {
+            return None;
+        }
+        let first = from / 64;
+        if first < words {
+            // Bits below `from` in its own word are looked at last.
+            let w = self.word(first) & (u64::MAX << (from % 64));
+            if w != 0 {
+                return Some(first * 64 + w.trailing_zeros() as usize);
+            }
+        }
+        (first + 1..words)
+            .chain(0..=first.min(words - 1))
+            .find_map(|i| {
+                let w = self.word(i);
+                (w != 0).then(|| i * 64 + w.trailing_zeros() as usize)
+            })
+            .filter(|&q| q < queues)
     }
 }
 
@@ -163,6 +250,7 @@ pub(crate) fn padded(policy: Policy, n: usize) -> Policy {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use proptest::prelude::*;
     use uniplane_dataplane::Uid;
 
     fn msg(input: u16, seq: u32) -> Message {
@@ -197,5 +285,73 @@ mod tests {
             vec![(0, 0), (1, 10), (0, 1), (1, 11), (0, 2), (1, 12)]
         );
         assert_eq!(x.backlog(2), 0);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push(usize, usize),
+        Pop(usize),
+        Clear(usize),
+    }
+
+    fn ops(ports: usize) -> impl Strategy<Value = Vec<Op>> {
+        let op = prop_oneof![
+            4 => (0..ports, 0..ports).prop_map(|(i, o)| Op::Push(i, o)),
+            3 => (0..ports).prop_map(Op::Pop),
+            1 => (0..ports).prop_map(Op::Clear),
+        ];
+        proptest::collection::vec(op, 0..300)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// The bits of backlogged inputs pick what looking at every queue
+        /// in turn picks, over one word and across words.
+        #[test]
+        fn round_robin_by_bits_picks_as_a_scan_of_every_queue(
+            (ports, ops) in prop_oneof![Just(3usize), Just(64), Just(70), Just(130)]
+                .prop_flat_map(|p| (Just(p), ops(p)))
+        ) {
+            let depth = 2;
+            let mut x = Crossbar::new(ports, depth);
+            let mut model: Vec<VecDeque<u32>> = vec![VecDeque::new(); ports * ports];
+            let mut next = vec![0usize; ports];
+            for (seq, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Push(i, o) => {
+                        let q = &mut model[i * ports + o];
+                        let pushed = x.push(i as PortId, o as PortId, msg(i as u16, seq as u32));
+                        prop_assert_eq!(pushed.is_ok(), q.len() < depth);
+                        if q.len() < depth {
+                            q.push_back(seq as u32);
+                        }
+                    }
+                    Op::Pop(o) => {
+                        let want = (0..ports)
+                            .map(|k| (next[o] + k) % ports)
+                            .find(|&i| !model[i * ports + o].is_empty())
+                            .map(|i| {
+                                next[o] = (i + 1) % ports;
+                                (i as PortId, model[i * ports + o].pop_front().unwrap())
+                            });
+                        let got = x.pop(o as PortId).map(|(i, m)| (i, m.header().seqnum));
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Clear(p) => {
+                        x.clear_output(p as PortId);
+                        next[p] = 0;
+                        for k in 0..ports {
+                            model[k * ports + p].clear();
+                            model[p * ports + k].clear();
+                        }
+                    }
+                }
+            }
+            for o in 0..ports {
+                let queued: usize = (0..ports).map(|i| model[i * ports + o].len()).sum();
+                prop_assert_eq!(x.backlog(o as PortId), queued);
+            }
+        }
     }
 }

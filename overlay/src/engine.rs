@@ -111,6 +111,9 @@ pub(crate) struct Port {
     /// [`InlineLink`](crate::inline::InlineLink)): the engine's thread
     /// does not wait on this input's ring, so a send wakes nobody.
     pub(crate) inline: bool,
+    /// The outputs an inline pass of this input queued to (preallocated):
+    /// the input's own, so senders on two ports write no common line.
+    touched: Touched,
 }
 
 impl Port {
@@ -129,6 +132,10 @@ impl Port {
             counters: PortCounters::default(),
             tx: TxCounters::default(),
             inline: false,
+            touched: Touched {
+                seen: vec![false; config.max_ports],
+                list: Vec::with_capacity(config.max_ports),
+            },
         }
     }
 
@@ -452,8 +459,6 @@ pub struct Engine {
     commands: Option<PlaneInbox>,
     /// Where the next step starts reading, so no input is always first.
     start: usize,
-    /// Outputs an inline pass queued to (preallocated).
-    touched: Touched,
     last_expiry: Duration,
 }
 
@@ -467,10 +472,6 @@ impl Engine {
             translator: Translator::new(),
             commands: None,
             start: 0,
-            touched: Touched {
-                seen: vec![false; config.max_ports],
-                list: Vec::with_capacity(config.max_ports),
-            },
             last_expiry: Duration::ZERO,
             config,
         }
@@ -538,8 +539,11 @@ impl Engine {
         let Ok(conn) = acl.admit(h) else {
             return (Fate::Answer(Status::Denied), None);
         };
-        if let Some(out) = translator.lookup(&ConnKey::of(h)) {
-            return (Fate::Forward(out), conn);
+        // The connection's key only where connections are steered.
+        if !translator.is_empty() {
+            if let Some(out) = translator.lookup(&ConnKey::of(h)) {
+                return (Fate::Forward(out), conn);
+            }
         }
         match table.lookup(h.dst) {
             Some(out) => (Fate::Forward(out), conn),
@@ -592,7 +596,7 @@ impl Engine {
         let Some(port) = self.ports[pi as usize].as_mut() else {
             return (0, false);
         };
-        let mut touched = std::mem::take(&mut self.touched);
+        let mut touched = std::mem::take(&mut port.touched);
         let mut voqs = Touching {
             crossbar: &mut self.crossbar,
             touched: &mut touched,
@@ -611,7 +615,9 @@ impl Engine {
             left |= self.crossbar.backlog(o) > 0;
         }
         touched.list.clear();
-        self.touched = touched;
+        if let Some(port) = self.ports[pi as usize].as_mut() {
+            port.touched = touched;
+        }
         (work, left)
     }
 
@@ -648,11 +654,11 @@ impl Engine {
             };
             moved += 1;
             let m = match reassembler.as_mut() {
-                Some(r) => match r.push(m, now) {
+                Some(r) if !Reassembler::passes(&m) => match r.push(m, now) {
                     Some(whole) => whole,
                     None => continue,
                 },
-                None => m,
+                _ => m,
             };
             counters.msgs += 1;
             counters.bytes += m.payload().len() as u64;
@@ -726,14 +732,14 @@ impl Engine {
         while !stop.load(Ordering::Acquire) {
             let now = epoch.elapsed();
             cell.set_now(now);
-            let worked = match cell.pass(true, |e| e.step(now)) {
+            let worked = match cell.pass(|e| e.step(now)) {
                 Some(n) => n > 0,
                 None => true,
             };
             if worked {
                 idler.worked();
             } else {
-                idler.idle(|cx| cell.pass(false, |e| e.arm(cx)).unwrap_or(true));
+                idler.idle(|cx| cell.pass(|e| e.arm(cx)).unwrap_or(true));
             }
         }
     }

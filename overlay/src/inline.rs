@@ -12,11 +12,13 @@
 //! The engine sits in a cell ([`Inline`]) that whoever forwards takes
 //! with a try-lock, never a waiting lock: the engine's thread for its
 //! passes (commands, timeouts, every input), a sender for its own input.
-//! A sender that finds the engine taken raises `missed` and goes on; the
-//! holder looks at `missed` after letting go and runs a whole pass for it.
-//! Both sides store, fence and then look at the other's flag (Dekker's
-//! order), so one of them always sees the other: nothing published waits
-//! for a later message. What a sender's pass cannot finish — a full
+//! One word holds the lock and a `missed` bit: a sender that finds the
+//! engine taken sets the bit and goes on; the holder, letting go, finds
+//! the bit in the same word (its compare-and-swap fails) and runs a whole
+//! pass for it. Both change that word with read-modify-writes, which the
+//! word's order puts one after the other, so one of them always sees the
+//! other: nothing published waits for a later message, with no fence and
+//! no second flag to look at. What a sender's pass cannot finish — a full
 //! queue, a receiver's full ring — it hands to the engine's thread by
 //! unparking it, which then waits on those rings as always.
 //!
@@ -29,9 +31,11 @@
 //! belong to their shards), and only senders in the engine's process (a
 //! process attached over shared memory goes through the engine's thread).
 
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -50,11 +54,17 @@ use crate::PortId;
 /// its own traffic, not everybody's for ever.
 const MAX_ROUNDS: usize = 4;
 
+/// The state word: somebody holds the engine.
+const HELD: u8 = 1;
+/// The state word: a sender published messages while the engine was
+/// held; set only while `HELD` is.
+const MISSED: u8 = 2;
+
 /// A spawned single engine, shared by its thread and inline senders.
 pub(crate) struct Inline {
-    engine: Mutex<Engine>,
-    /// A sender published messages while the engine was taken.
-    missed: AtomicBool,
+    /// `HELD` and `MISSED` bits.
+    state: AtomicU8,
+    engine: UnsafeCell<Engine>,
     epoch: Instant,
     /// The engine thread's clock, nanoseconds since `epoch`: a sender's
     /// pass stamps reassembly with it (at most one park late, far below
@@ -63,11 +73,73 @@ pub(crate) struct Inline {
     thread: OnceLock<Thread>,
 }
 
+// SAFETY: the engine is reached only through a `Held`, of which the
+// `HELD` bit allows one at a time (taken with Acquire, let go with
+// Release), so the engine moves between threads as it would in a mutex;
+// it is `Send`.
+unsafe impl Sync for Inline {}
+
+/// The engine, held: let go by [`Held::release`] (or, unwinding, by its
+/// drop).
+pub(crate) struct Held<'a>(&'a Inline);
+
+impl Deref for Held<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        // SAFETY: the HELD bit is ours (see `Inline`).
+        unsafe { &*self.0.engine.get() }
+    }
+}
+
+impl DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        // SAFETY: the HELD bit is ours (see `Inline`).
+        unsafe { &mut *self.0.engine.get() }
+    }
+}
+
+impl Held<'_> {
+    /// Lets go of the engine. A sender that missed it meanwhile left the
+    /// `MISSED` bit, so letting go fails: a whole pass for it, as it may
+    /// have published after the pass read its input, then again; after a
+    /// few rounds the engine's thread takes over.
+    fn release(mut self) {
+        let cell = self.0;
+        for _ in 0..MAX_ROUNDS {
+            if cell
+                .state
+                .compare_exchange(HELD, 0, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+            {
+                std::mem::forget(self);
+                return;
+            }
+            // Still ours; Acquire: the messages that sender published.
+            cell.state.swap(HELD, Ordering::Acquire);
+            let now = cell.now();
+            let (_, left) = self.step_data(now);
+            if left {
+                cell.wake_engine();
+            }
+        }
+        // Dropping lets go, and hands what was missed since to the
+        // engine's thread.
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.0.state.swap(0, Ordering::AcqRel) & MISSED != 0 {
+            self.0.wake_engine();
+        }
+    }
+}
+
 impl Inline {
     pub(crate) fn new(engine: Engine) -> Self {
         Inline {
-            engine: Mutex::new(engine),
-            missed: AtomicBool::new(false),
+            state: AtomicU8::new(0),
+            engine: UnsafeCell::new(engine),
             epoch: Instant::now(),
             now: AtomicU64::new(0),
             thread: OnceLock::new(),
@@ -91,94 +163,61 @@ impl Inline {
     }
 
     pub(crate) fn into_engine(self) -> Engine {
-        self.engine
-            .into_inner()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.engine.into_inner()
     }
 
     /// Runs `f` on the engine when nobody holds it (`None` when somebody
-    /// does); `whole`: `f` reads every input, so it serves whoever missed
-    /// the engine before. After letting go it takes `missed` into account:
-    /// a whole pass for whoever published meanwhile, so no message waits.
-    pub(crate) fn pass<R>(&self, whole: bool, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
-        let r = {
-            let mut e = self.try_take()?;
-            if whole {
-                self.missed.store(false, Ordering::SeqCst);
-            }
-            f(&mut e)
-        };
-        self.after_release();
+    /// does). Letting go, it runs a whole pass for whoever published
+    /// meanwhile, so no message waits.
+    pub(crate) fn pass<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
+        let mut e = self.try_take()?;
+        let r = f(&mut e);
+        e.release();
         Some(r)
     }
 
-    fn try_take(&self) -> Option<std::sync::MutexGuard<'_, Engine>> {
-        match self.engine.try_lock() {
-            Ok(e) => Some(e),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
-    /// Whole passes while senders keep missing the engine, then the
-    /// engine's thread takes over.
-    fn after_release(&self) {
-        for _ in 0..MAX_ROUNDS {
-            fence(Ordering::SeqCst);
-            if !self.missed.load(Ordering::SeqCst) {
-                return;
-            }
-            let Some(mut e) = self.try_take() else {
-                // Its holder will look at `missed` after letting go.
-                return;
-            };
-            self.missed.store(false, Ordering::SeqCst);
-            let now = self.now();
-            let (_, left) = e.step_data(now);
-            drop(e);
-            if left {
-                self.wake_engine();
-            }
-        }
-        self.wake_engine();
+    fn try_take(&self) -> Option<Held<'_>> {
+        self.state
+            .compare_exchange(0, HELD, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Held(self))
     }
 
     /// A sender's pass for input `pi` after it published a burst.
     fn forward(&self, pi: PortId) {
-        let (mut e, whole) = match self.try_take() {
-            Some(e) => (e, false),
-            None => {
-                self.missed.store(true, Ordering::SeqCst);
-                fence(Ordering::SeqCst);
-                // The holder may have let go before our flag: then it is
-                // ours to do (a whole pass, as the flag asks).
-                let Some(e) = self.try_take() else {
-                    return;
-                };
-                let whole = self.missed.swap(false, Ordering::SeqCst);
-                (e, whole)
+        let mut state = 0;
+        let mut e = loop {
+            let next = if state & HELD == 0 {
+                HELD
+            } else {
+                // Taken: the holder finds the bit as it lets go. Setting
+                // it again when it is set still writes the word, after
+                // our messages (Release), for the holder to read.
+                state | MISSED
+            };
+            match self
+                .state
+                .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) if next == HELD => break Held(self),
+                Ok(_) => return,
+                Err(now) => state = now,
             }
         };
         let now = self.now();
-        let left = if whole {
-            e.step_data(now).1
-        } else {
-            // A burst a pass: a sender that published more takes a few.
-            let mut left = true;
-            for _ in 0..MAX_ROUNDS {
-                let (moved, l) = e.step_from(pi, now);
-                left = l;
-                if !left || moved == 0 {
-                    break;
-                }
+        // A burst a pass: a sender that published more takes a few.
+        let mut left = true;
+        for _ in 0..MAX_ROUNDS {
+            let (moved, l) = e.step_from(pi, now);
+            left = l;
+            if !left || moved == 0 {
+                break;
             }
-            left
-        };
-        drop(e);
+        }
         if left {
             self.wake_engine();
         }
-        self.after_release();
+        e.release();
     }
 
     fn wake_engine(&self) {
@@ -230,9 +269,14 @@ impl EngineHandle {
             std::thread::yield_now();
         };
         let (link, port) = ring_link(engine.config().ring_depth);
-        let id = engine.attach_queues(spec, Queues::Ring(port))?;
-        engine.port_mut(id)?.inline = true;
-        drop(engine);
+        let attached = engine
+            .attach_queues(spec, Queues::Ring(port))
+            .and_then(|id| {
+                engine.port_mut(id)?.inline = true;
+                Ok(id)
+            });
+        engine.release();
+        let id = attached?;
         Ok((
             id,
             InlineLink {

@@ -74,6 +74,10 @@ pub fn segment(message: Message, max_payload: usize, mut emit: impl FnMut(Messag
 
 /// Number of segments `len` payload bytes take at `max_payload` per segment.
 pub fn segments_needed(len: usize, max_payload: usize) -> usize {
+    if len <= max_payload {
+        // The common case, without a division per message.
+        return 1;
+    }
     len.div_ceil(max_payload.max(1)).max(1)
 }
 
@@ -172,13 +176,26 @@ impl Reassembler {
     /// Takes one arriving message or segment at time `now`; returns a whole
     /// message when one is complete. Whole messages and one-sided writes
     /// pass straight through.
+    #[inline]
     pub fn push(&mut self, m: Message, now: Duration) -> Option<Message> {
-        let flags = m.header().flags;
-        let whole = flags.contains(MsgFlags::WHOLE);
-        let self_describing = m.kind().form() == ParamForm::Memory;
-        if whole || self_describing {
+        if Self::passes(&m) {
             return Some(m);
         }
+        let flags = m.header().flags;
+        self.push_segment(m, flags, now)
+    }
+
+    /// Whether `m` passes straight through [`Reassembler::push`]: a
+    /// whole message or a one-sided write. A caller that asks first
+    /// moves a whole message nowhere.
+    #[inline]
+    pub fn passes(m: &Message) -> bool {
+        m.header().flags.contains(MsgFlags::WHOLE) || m.kind().form() == ParamForm::Memory
+    }
+
+    /// A segment: opens, extends or completes its message.
+    #[inline(never)]
+    fn push_segment(&mut self, m: Message, flags: MsgFlags, now: Duration) -> Option<Message> {
         let key = SegKey::of(m.header());
         if flags.contains(MsgFlags::FIRST) {
             if let Some(old) = self.open.remove(&key) {
