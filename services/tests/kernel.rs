@@ -756,3 +756,40 @@ async fn a_kernels_messages_go_on_while_one_sided_transfers_run_beside_them() {
     assert!(d["dma"]["reads"].as_u64() > Some(20), "{d}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Many small messages in flight at once, rounds apart so the kernel
+/// falls asleep between them: the one-slot PIO mailbox holds one, the
+/// host end holds the next back and sends it when the kernel makes room.
+/// Every request must come with a ring: a kernel that slept its whole
+/// timeout and then found work (`missed_rings`) shows a hole in the
+/// wake-up protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_small_messages_never_leave_the_kernel_asleep() {
+    let dir = runtime("rings");
+    let (_daemon, client) = embedded(config(&[kernel(2, "echo", "")]), &dir)
+        .await
+        .unwrap();
+    let session = app(&dir).await;
+    let mut conn = session.connect(at(2)).await.unwrap();
+    for round in 0..20u8 {
+        for i in 0..25u8 {
+            conn.send_bytes(Bytes::from(vec![round ^ i; 64]))
+                .await
+                .unwrap();
+        }
+        for i in 0..25u8 {
+            let got = tokio::time::timeout(Duration::from_secs(10), conn.recv())
+                .await
+                .expect("an answer")
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.payload().as_ref(), vec![round ^ i; 64]);
+        }
+        // Let the kernel fall asleep between rounds.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let d = device(&client, "k2").await;
+    assert_eq!(d["messages"]["pio"], 500, "{d}");
+    assert_eq!(d["missed_rings"], 0, "{d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -52,11 +52,8 @@ pub const STAGES: u16 = 3;
 impl Stages {
     /// The `[[devices]]` of both sets for the daemon of server `server`.
     ///
-    /// Every message to and from a stage takes FPGA Connect
-    /// (`pio_threshold = 0`): with small messages on the PIO mailbox,
-    /// eight inputs in flight through the chain went 7× slower at 64 B
-    /// (0.5 against 3.8 Mbit/s in one run of `uniplane-bench app regex`),
-    /// the mailbox taking one message at a time.
+    /// Messages of up to 256 B take the PIO mailbox, larger ones FPGA
+    /// Connect (the kernel devices' default).
     pub fn devices(&self, server: Ipv4Addr) -> String {
         let mut text = String::new();
         for (set, first, chained) in [
@@ -73,7 +70,7 @@ impl Stages {
                 text.push_str(&format!(
                     "\n[[devices]]\nname = \"{set}{g}\"\nkind = \"kernel\"\ndevice = {device}\n\
                      backend = \"emulated\"\nfunction = \"regex-stage\"\n{next}\
-                     stall_timeout_ms = {}\npio_threshold = 0\n\
+                     stall_timeout_ms = {}\n\
                      params = {{ rules = \"{}\", groups = {STAGES}, group = {g}, seed = {}, \
                      engine = \"{}\", max_input = {} }}\n",
                     self.stall_timeout_ms,
