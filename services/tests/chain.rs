@@ -5,16 +5,17 @@
 //! dies all reach the caller as error answers, never a hang.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::Value;
 use uniplane_dataplane::{Endpoint, LinkError};
 use uniplane_netns::free_port;
-use uniplane_services::client::{embedded, Client, Session};
+
+mod common;
+use common::{app, device, status_until};
+use uniplane_services::client::{embedded, Client};
 use uniplane_services::config::Config;
-use uniplane_services::control::Request;
 use uniplane_services::Daemon;
 
 const SERVER: &str = "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n";
@@ -40,39 +41,6 @@ fn runtime(name: &str) -> PathBuf {
 
 fn at(device: u16) -> Endpoint {
     format!("127.0.0.1:{device}/7").parse().unwrap()
-}
-
-async fn app(dir: &Path) -> Session {
-    Client::connect(dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap()
-}
-
-async fn device(client: &Client, name: &str) -> Value {
-    let status = client.request(&Request::Status).await.unwrap();
-    status["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == name)
-        .cloned()
-        .unwrap()
-}
-
-/// Waits (bounded) until `name`'s status satisfies `ready`.
-async fn status_until(client: &Client, name: &str, ready: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let d = device(client, name).await;
-        if ready(&d) {
-            return d;
-        }
-        assert!(Instant::now() < deadline, "status never came to be: {d}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The next answer on `conn` (bounded).

@@ -5,16 +5,18 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
 use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{Endpoint, LinkError};
-use uniplane_services::client::{embedded, Client, ClientError, Session};
+use uniplane_services::client::{embedded, ClientError};
 use uniplane_services::config::Config;
-use uniplane_services::control::Request;
 use uniplane_services::transfer;
+
+mod common;
+use common::{app, device, status_until};
 
 const SERVER: &str = "[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n";
 
@@ -69,41 +71,6 @@ fn sum32(payload: &[u8]) -> u32 {
         .chunks_exact(4)
         .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
         .fold(0, u32::wrapping_add)
-}
-
-/// An application attached to the daemon whose sockets are in `dir`.
-async fn app(dir: &Path) -> Session {
-    Client::connect(dir)
-        .await
-        .unwrap()
-        .attach("app")
-        .await
-        .unwrap()
-}
-
-/// The device `name` in `uniplane status`.
-async fn device(client: &Client, name: &str) -> Value {
-    let status = client.request(&Request::Status).await.unwrap();
-    status["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == name)
-        .cloned()
-        .unwrap()
-}
-
-/// Waits (bounded) until `device`'s status satisfies `ready`.
-async fn status_until(client: &Client, name: &str, ready: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let d = device(client, name).await;
-        if ready(&d) {
-            return d;
-        }
-        assert!(Instant::now() < deadline, "status never came to be: {d}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// What [`byte_exact`] sent each kernel (echo, sum32): messages by the
