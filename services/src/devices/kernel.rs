@@ -1232,14 +1232,14 @@ impl KernelPort {
             return;
         }
         self.chain_epoch = epoch;
-        let chain = self.shared.chain.lock().map(|c| *c).unwrap_or(None);
-        if chain != self.chain {
-            for h in self.origins.drain(..) {
-                self.shared.stats.chain_failed.fetch_add(1, Relaxed);
-                self.ready.extend(error_to(&h, Status::PeerFailed));
-            }
+        // Every change is a transition, and any since the last look means
+        // the connection went down in between (maybe up again since):
+        // what went on before cannot come back.
+        for h in self.origins.drain(..) {
+            self.shared.stats.chain_failed.fetch_add(1, Relaxed);
+            self.ready.extend(error_to(&h, Status::PeerFailed));
         }
-        self.chain = chain;
+        self.chain = self.shared.chain.lock().map(|c| *c).unwrap_or(None);
     }
 
     /// Whether `m` came back over the chain's connection from the next
