@@ -53,7 +53,7 @@
 pub mod dma;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::Thread;
@@ -135,10 +135,6 @@ pub struct KernelStats {
     pub dma_bytes: AtomicU64,
     /// One-sided requests refused `OutOfRange` (nothing moved).
     pub out_of_range: AtomicU64,
-    /// Times the kernel thread slept its whole timeout and then found a
-    /// request waiting: a ring the host end did not give (0 unless the
-    /// wake-up protocol has a hole).
-    pub missed_rings: AtomicU64,
     /// A chained device: answers sent on to the next device.
     pub forwarded: AtomicU64,
     /// A chained device: the next device's answers returned to callers.
@@ -171,10 +167,6 @@ pub struct KernelShared {
     /// The engine's waker, woken when the kernel answered or made room.
     host_waker: AtomicWaker,
     kernel_thread: OnceLock<Thread>,
-    /// Set by every ring of the host end; the kernel thread clears it
-    /// before it sleeps, so a sleep it was not woken from is told apart
-    /// ([`KernelStats::missed_rings`]).
-    rung: AtomicBool,
     /// Whether the device sends its answers on (`next`).
     chained: bool,
     /// The chain's connection while it is installed (the driver sets it
@@ -188,7 +180,6 @@ impl KernelShared {
     fn new(config: KernelDeviceConfig, chained: bool) -> KernelShared {
         KernelShared {
             chained,
-            rung: AtomicBool::new(false),
             chain: Mutex::new(None),
             chain_epoch: AtomicU64::new(0),
             stats: KernelStats::default(),
@@ -249,7 +240,6 @@ impl KernelShared {
     }
 
     fn unpark_kernel(&self) {
-        self.rung.store(true, SeqCst);
         if let Some(t) = self.kernel_thread.get() {
             t.unpark();
         }
@@ -294,7 +284,6 @@ impl KernelShared {
             "kernel_errors": n(&s.kernel_errors),
             "garbage": n(&s.garbage),
             "failed_requests": n(&s.failed_requests),
-            "missed_rings": n(&s.missed_rings),
             "chain": self.chained.then(|| json!({
                 "up": self.chain.lock().map(|c| c.is_some()).unwrap_or(false),
                 "forwarded": n(&s.forwarded),
@@ -1461,40 +1450,23 @@ impl KernelEnd {
 
     fn run(mut self) {
         let mut idle = 0u32;
-        // Slept its whole timeout without a ring.
-        let mut unwoken = false;
         while !self.shared.shutdown.load(Relaxed) {
             if self.function == KernelFunction::Stall {
                 std::thread::park();
                 continue;
             }
             if self.step() {
-                if std::mem::take(&mut unwoken) {
-                    self.shared.stats.missed_rings.fetch_add(1, Relaxed);
-                }
                 idle = 0;
                 self.shared.host_waker.wake();
                 continue;
             }
-            unwoken = false;
             idle = idle.saturating_add(1);
             match self.shared.config.wait {
                 KernelWait::Busy => std::hint::spin_loop(),
                 KernelWait::Park if idle < 2000 => std::hint::spin_loop(),
-                // The host rings whenever it gives the kernel work; the
-                // timeout only bounds a lost ring. Cleared, then looked
-                // again, so work given before the clear is seen now and
-                // work given after it comes with a ring.
-                KernelWait::Park => {
-                    self.shared.rung.store(false, SeqCst);
-                    if self.step() {
-                        idle = 0;
-                        self.shared.host_waker.wake();
-                        continue;
-                    }
-                    std::thread::park_timeout(Duration::from_millis(1));
-                    unwoken = !self.shared.rung.swap(false, SeqCst);
-                }
+                // The host rings after each burst; the timeout only bounds
+                // a lost ring.
+                KernelWait::Park => std::thread::park_timeout(Duration::from_millis(1)),
             }
         }
     }
