@@ -13,6 +13,8 @@ use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{Endpoint, LinkError};
 use uniplane_services::client::{embedded, ClientError};
 use uniplane_services::config::Config;
+#[cfg(feature = "rtl")]
+use uniplane_services::control::Request;
 use uniplane_services::transfer;
 
 mod common;
