@@ -276,7 +276,7 @@ fn read_all<R: Read + Send + 'static>(mut r: R) -> JoinHandle<String> {
     })
 }
 
-pub(crate) fn tail(s: &str, max: usize) -> String {
+fn tail(s: &str, max: usize) -> String {
     let t = s.trim();
     let start = t.char_indices().rev().nth(max).map(|(i, _)| i).unwrap_or(0);
     t[start..].to_owned()
@@ -325,7 +325,7 @@ fn free_port(tool: &'static str) -> Result<u16, PeerError> {
 /// [`READY_WITHIN`]) for `ready` on its stdout, then runs `client` for the
 /// workload's seconds (killed past them plus [`SLACK`]) and stops the
 /// server. Returns the client's exit status, stdout and stderr.
-pub(crate) fn server_then_client(
+fn server_then_client(
     tool: &'static str,
     server: &mut Command,
     ready: &'static str,
@@ -911,38 +911,45 @@ impl Peer for Iperf3Tcp {
 
     fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
         let bin = locate(&self.binary, "iperf3", "iperf3")?;
-        let port = free_port("iperf3")?.to_string();
-        let (secs, len) = (w.seconds.max(1).to_string(), w.size.to_string());
-        let (status, out, err) = server_then_client(
-            "iperf3",
-            Command::new(&bin).args(["-s", "-1", "-B", "127.0.0.1", "-p", &port, "--forceflush"]),
-            "Server listening",
-            Command::new(&bin).args([
-                "-c",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-l",
-                &len,
-                "-t",
-                &secs,
-                "--json",
-            ]),
+        let port = free_port("iperf3")?;
+        let gbps = iperf3_tcp(
+            &mut Command::new(&bin),
+            &mut Command::new(&bin),
+            "127.0.0.1",
+            port,
             w,
         )?;
-        if !status.success() {
-            return Err(PeerError::Failed {
-                tool: "iperf3",
-                status: status.to_string(),
-                stderr: tail(&err, 400),
-            });
-        }
-        let gbps = parse_iperf3_tcp_gbps(&out)?;
         Ok(PeerFigure {
             value: gbps,
             detail: serde_json::json!({ "gbps": gbps }),
         })
     }
+}
+
+/// One iperf3 TCP test: `server` and `client` (iperf3 itself, or a
+/// command that runs it, in a namespace say) get the arguments of a
+/// one-shot server bound to `addr:port` and a client of `w`'s size and
+/// seconds; the Gbit/s its receiver got.
+pub(crate) fn iperf3_tcp(
+    server: &mut Command,
+    client: &mut Command,
+    addr: &str,
+    port: u16,
+    w: &Workload,
+) -> Result<f64, PeerError> {
+    let port = port.to_string();
+    let (secs, len) = (w.seconds.max(1).to_string(), w.size.to_string());
+    server.args(["-s", "-1", "-B", addr, "-p", &port, "--forceflush"]);
+    client.args(["-c", addr, "-p", &port, "-l", &len, "-t", &secs, "--json"]);
+    let (status, out, err) = server_then_client("iperf3", server, "Server listening", client, w)?;
+    if !status.success() {
+        return Err(PeerError::Failed {
+            tool: "iperf3",
+            status: status.to_string(),
+            stderr: tail(&err, 400),
+        });
+    }
+    parse_iperf3_tcp_gbps(&out)
 }
 
 #[cfg(test)]

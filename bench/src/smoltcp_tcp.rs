@@ -8,7 +8,6 @@
 
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,10 +19,7 @@ use uniplane_frame::packet::{PacketConfig, PacketDevice, ETH_P_ALL};
 use uniplane_netns::Pair;
 use uniplane_smoltcp::{Host, HostConfig};
 
-use crate::peer::{
-    locate, parse_iperf3_tcp_gbps, server_then_client, tail, Metric, Peer, PeerError, PeerFigure,
-    Workload,
-};
+use crate::peer::{iperf3_tcp, locate, Metric, Peer, PeerError, PeerFigure, Workload};
 use crate::BenchError;
 
 /// The port the counting sink and iperf3 listen on, in the second
@@ -209,26 +205,14 @@ impl Peer for Iperf3Veth<'_> {
     fn run(&self, w: &Workload) -> Result<PeerFigure, PeerError> {
         let bin = locate(&None, "iperf3", "iperf3")?;
         let bin = bin.to_string_lossy();
-        let b = self.veth.pair.addr_b.to_string();
-        let (port, secs, len) = (
-            PORT.to_string(),
-            w.seconds.max(1).to_string(),
-            w.size.to_string(),
-        );
-        let mut server: Command = self.veth.pair.b.command(&bin);
-        server.args(["-s", "-1", "-B", &b, "-p", &port, "--forceflush"]);
-        let mut client: Command = self.veth.pair.a.command(&bin);
-        client.args(["-c", &b, "-p", &port, "-l", &len, "-t", &secs, "--json"]);
-        let (status, out, err) =
-            server_then_client("iperf3", &mut server, "Server listening", &mut client, w)?;
-        if !status.success() {
-            return Err(PeerError::Failed {
-                tool: "iperf3",
-                status: status.to_string(),
-                stderr: tail(&err, 400),
-            });
-        }
-        let gbps = parse_iperf3_tcp_gbps(&out)?;
+        let pair = &self.veth.pair;
+        let gbps = iperf3_tcp(
+            &mut pair.b.command(&bin),
+            &mut pair.a.command(&bin),
+            &pair.addr_b.to_string(),
+            PORT,
+            w,
+        )?;
         Ok(PeerFigure {
             value: gbps,
             detail: json!({ "gbps": gbps, "mtu": self.veth.mtu }),
