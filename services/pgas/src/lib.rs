@@ -17,7 +17,9 @@
 //! [`Group`] (itself included) with two connections each: requests go on
 //! the data connection (traffic class 0), replies, credit and barrier
 //! messages come back on the peer's control connection (class 1), so a
-//! reply never waits behind bulk data. A sender may have at most
+//! reply never waits behind bulk data. A hardware rank — a kernel device
+//! running the `pgas-target` kernel ([`Group::with_hardware`]) — gets
+//! the data connection only, and answers on it. A sender may have at most
 //! [`Options::credit_bytes`] of requests unprocessed at each target: a
 //! full target pushes back on the sender, nothing is dropped.
 //!
