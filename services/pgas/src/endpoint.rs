@@ -372,6 +372,11 @@ impl Endpoint {
         self.inner.net.get().map_or(0, |n| n.group.len())
     }
 
+    /// The joined group (`None` before joining).
+    pub fn group(&self) -> Option<&Group> {
+        self.inner.net.get().map(|n| &n.group)
+    }
+
     /// Registers a zeroed segment of `len` bytes that members reach as
     /// [`Acl`] allows. IDs count from 0 in registration order, so members
     /// registering alike get alike IDs.
