@@ -1563,7 +1563,11 @@ fn kernel_params(
         if let Some(KernelFunction::Library(name)) = function {
             if let Some(Err(e)) = uniplane_kernel::library::check(name, &Default::default()) {
                 let span = d.function.as_ref().map_or(d.kind.span(), |f| f.span());
-                return src.invalid(span, "devices.params", format!("kernel `{name}`: {e}"));
+                return src.invalid(
+                    span,
+                    "devices.params",
+                    format!("device `{}`: kernel `{name}`: {e}", d.name.get_ref()),
+                );
             }
         }
         return Ok(Default::default());
@@ -1599,7 +1603,7 @@ fn kernel_params(
         return src.invalid(
             raw.span(),
             "devices.params",
-            format!("kernel `{name}`: {e}"),
+            format!("device `{}`: kernel `{name}`: {e}", d.name.get_ref()),
         );
     }
     Ok(params)

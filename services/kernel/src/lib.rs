@@ -21,13 +21,15 @@
 //! wrapping sum of a payload of little-endian `u32`s, [`SumMemory32`]
 //! the same sum over a range of the device's memory. The [`library`] holds
 //! kernels that take parameters: [`dense`], the layers of a multilayer
-//! perceptron (deep crossing's stages), and [`regex_stage`], a stage of
-//! the multi-regex matching pipeline.
+//! perceptron (deep crossing's stages), [`regex_stage`], a stage of
+//! the multi-regex matching pipeline, and [`pgas_target`], a PGAS
+//! hardware endpoint.
 
 #![deny(missing_docs)]
 
 pub mod dense;
 pub mod library;
+pub mod pgas_target;
 pub mod regex_stage;
 pub mod wire;
 

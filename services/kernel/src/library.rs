@@ -42,7 +42,11 @@ impl std::fmt::Debug for Spec {
 }
 
 /// Every library kernel.
-pub const LIBRARY: &[Spec] = &[crate::dense::SPEC, crate::regex_stage::SPEC];
+pub const LIBRARY: &[Spec] = &[
+    crate::dense::SPEC,
+    crate::regex_stage::SPEC,
+    crate::pgas_target::SPEC,
+];
 
 /// The library kernel named `name`.
 pub fn spec(name: &str) -> Option<&'static Spec> {

@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
-use futures_util::StreamExt;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, watch, Mutex as AsyncMutex, Semaphore};
 use tokio::task::AbortHandle;
 use uniplane_client::{Connection, Listener, Session};
-use uniplane_dataplane::Uid;
+use uniplane_dataplane::{Endpoint as PortAddr, LinkError, Message, Uid};
 
 use crate::segment::{SegmentMemory, Width};
 use crate::target::{Inbound, Reply, TargetCounters, MAX_GET};
-use crate::wire::{Head, Kind, Shape, FLAG_ASYNC, HEADER_LEN, MAX_FRAME};
+use crate::wire::{charge, Head, Kind, Shape, FLAG_ASYNC, HEADER_LEN, MAX_FRAME};
 use crate::{
     Acl, AtomicOp, Group, Handler, HandlerId, PgasError, Progress, Refusal, Segment, SegmentId,
     SoftTarget, Target, TargetStats, FIRST_USER_HANDLER, HANDLER_COUNTER, HANDLER_NONE,
@@ -28,10 +29,6 @@ pub const DEFAULT_PORT: u16 = 0x5047;
 const DATA_CLASS: u8 = 0;
 /// Traffic class of replies, credit and barrier messages.
 const CONTROL_CLASS: u8 = 1;
-
-/// The least credit a frame costs: bounds the frames in flight to a
-/// target (a full connection inbox would stall its whole session).
-const MIN_CHARGE: usize = 512;
 
 /// How an endpoint works.
 #[derive(Clone, Debug)]
@@ -110,13 +107,49 @@ struct Answer {
     data: Bytes,
 }
 
+/// The data connection to a member, as this endpoint sends on it.
+enum DataConn {
+    /// To a software rank: requests only (its replies come on its
+    /// control connection to this endpoint).
+    Soft(Connection),
+    /// To a hardware rank: requests go out here and its answers —
+    /// replies and credit — come back on the same connection, read by
+    /// this endpoint's task for that rank ([`read_answers`]).
+    Hard {
+        sink: SplitSink<Connection, Message>,
+        local: PortAddr,
+        remote: PortAddr,
+        seq: u32,
+    },
+}
+
+impl DataConn {
+    async fn send_bytes(&mut self, payload: Bytes) -> Result<(), LinkError> {
+        match self {
+            DataConn::Soft(c) => c.send_bytes(payload).await,
+            DataConn::Hard {
+                sink,
+                local,
+                remote,
+                seq,
+            } => {
+                let mut m = Message::send(*local, *remote, payload)?;
+                m.set_seqnum(*seq);
+                *seq = seq.wrapping_add(1);
+                sink.send(m).await
+            }
+        }
+    }
+}
+
 /// One member as this endpoint sends to it.
 struct Peer {
     /// Requests, class 0; held for a whole message so frames of two
     /// messages never interleave.
-    data: AsyncMutex<Connection>,
-    /// Replies, credit, barrier messages, class 1; held per frame.
-    control: AsyncMutex<Connection>,
+    data: AsyncMutex<DataConn>,
+    /// Replies, credit, barrier messages, class 1; held per frame. A
+    /// hardware rank has none.
+    control: Option<AsyncMutex<Connection>>,
     /// Bytes this endpoint may still send to it.
     credit: Semaphore,
     /// Sent to since the last quiet.
@@ -128,6 +161,14 @@ struct Net {
     rank: usize,
     group: Group,
     peers: Vec<Peer>,
+}
+
+impl Net {
+    /// The rank that counts barrier arrivals: the lowest software rank
+    /// (there is one: this endpoint).
+    fn coordinator(&self) -> usize {
+        self.group.software_ranks().next().unwrap_or(self.rank)
+    }
 }
 
 /// Errors of replies to requests nobody waits for, for quiet and
@@ -150,7 +191,8 @@ struct Inner {
     joined: watch::Sender<bool>,
     next_token: AtomicU32,
     next_segment: AtomicU16,
-    pending: Mutex<FxHashMap<u32, oneshot::Sender<Answer>>>,
+    /// Callers waiting for replies, by token: the rank asked, the waiter.
+    pending: Mutex<FxHashMap<u32, (usize, oneshot::Sender<Answer>)>>,
     errors: Mutex<Errors>,
     /// This endpoint's barrier count; the highest epoch released.
     barrier_epoch: AtomicU64,
@@ -264,22 +306,46 @@ impl Endpoint {
 
     /// Connects to every member of `group` (this endpoint among them),
     /// waiting for members that are not listening yet up to
-    /// [`Options::join_timeout`]. Members join concurrently.
+    /// [`Options::join_timeout`]. Software members join concurrently; a
+    /// hardware member ([`Group::with_hardware`]) does not join: this
+    /// endpoint dials it one data connection, on which its answers come
+    /// back.
     pub async fn join(&self, group: Group) -> Result<(), PgasError> {
         let rank = group.rank_of(self.uid()).ok_or(PgasError::NotMember)?;
+        if group.is_hardware(rank) {
+            return Err(PgasError::Invalid(
+                "a hardware rank is a kernel device, not an endpoint that joins".into(),
+            ));
+        }
         let deadline = tokio::time::Instant::now() + self.inner.options.join_timeout;
         let dial = |member: Uid, class: u8| {
             let inner = self.inner.clone();
             async move { inner.dial(member, class, rank, deadline).await }
         };
         let mut peers = Vec::with_capacity(group.len());
+        let mut answers = Vec::new();
         for r in 0..group.len() {
             let member = group.uid(r).ok_or(PgasError::NoRank(r))?;
-            let data = dial(member, DATA_CLASS).await;
-            let control = dial(member, CONTROL_CLASS).await;
+            let (data, control) = if group.is_hardware(r) {
+                let conn = dial(member, DATA_CLASS).await?;
+                let (local, remote) = (conn.local(), conn.remote());
+                let (sink, stream) = conn.split();
+                answers.push((r, stream));
+                let data = DataConn::Hard {
+                    sink,
+                    local,
+                    remote,
+                    seq: 0,
+                };
+                (data, None)
+            } else {
+                let data = dial(member, DATA_CLASS).await;
+                let control = dial(member, CONTROL_CLASS).await;
+                (DataConn::Soft(data?), Some(AsyncMutex::new(control?)))
+            };
             peers.push(Peer {
-                data: AsyncMutex::new(data?),
-                control: AsyncMutex::new(control?),
+                data: AsyncMutex::new(data),
+                control,
                 credit: Semaphore::new(self.inner.options.credit_bytes as usize),
                 dirty: AtomicBool::new(false),
             });
@@ -288,6 +354,10 @@ impl Endpoint {
             .net
             .set(Net { rank, group, peers })
             .map_err(|_| PgasError::Invalid("already joined".into()))?;
+        for (r, stream) in answers {
+            let task = tokio::spawn(read_answers(self.inner.clone(), r, stream));
+            self.inner.track(task.abort_handle());
+        }
         self.inner.joined.send_replace(true);
         Ok(())
     }
@@ -300,6 +370,11 @@ impl Endpoint {
     /// Members of the joined group (0 before joining).
     pub fn size(&self) -> usize {
         self.inner.net.get().map_or(0, |n| n.group.len())
+    }
+
+    /// The joined group (`None` before joining).
+    pub fn group(&self) -> Option<&Group> {
+        self.inner.net.get().map(|n| &n.group)
     }
 
     /// Registers a zeroed segment of `len` bytes that members reach as
@@ -636,20 +711,24 @@ impl Endpoint {
         self.inner.take_error()
     }
 
-    /// A barrier across the group: quiet, then wait until every member
-    /// reached the same barrier.
+    /// A barrier across the group's software ranks: quiet — which
+    /// completes every request outstanding, to hardware ranks too — then
+    /// wait until every software member reached the same barrier.
+    /// Hardware ranks never call it: they hold memory, they do not run
+    /// a program.
     pub async fn barrier(&self) -> Result<(), PgasError> {
         self.quiet().await?;
         let net = self.inner.net()?;
         let epoch = self.inner.barrier_epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        if net.rank == 0 {
+        let coordinator = net.coordinator();
+        if net.rank == coordinator {
             self.inner.arrive(epoch).await?;
         } else {
             let head = Head {
                 arg: epoch,
                 ..Head::new(Kind::BarrierEnter)
             };
-            self.inner.control(0, head).await?;
+            self.inner.control(coordinator, head).await?;
         }
         let p = &self.inner.progress;
         let released = &self.inner.released;
@@ -812,11 +891,6 @@ fn len32(n: usize) -> Result<u32, PgasError> {
     u32::try_from(n).map_err(|_| PgasError::Invalid("payload over 4 GiB".into()))
 }
 
-/// The credit a frame of `len` bytes costs.
-fn charge(len: usize) -> usize {
-    len.max(MIN_CHARGE)
-}
-
 impl Inner {
     fn track(&self, task: AbortHandle) {
         self.tasks
@@ -862,10 +936,13 @@ impl Inner {
         // client library keeps data that comes before the accept notice,
         // and the connector's daemon admits the connection before the
         // acceptor's hears of it, across servers too.
+        // `arg`: this endpoint's credit window, which a hardware target
+        // needs to know when to give credit back.
         let mut hello = BytesMut::with_capacity(HEADER_LEN);
         Head {
             len: rank as u32,
             op: class,
+            arg: u64::from(self.options.credit_bytes),
             ..Head::new(Kind::Hello)
         }
         .put(&mut hello);
@@ -901,7 +978,7 @@ impl Inner {
             self.pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(head.token, tx);
+                .insert(head.token, (dst, tx));
             rx
         });
         let result = self
@@ -1012,7 +1089,12 @@ impl Inner {
     }
 
     async fn control_frame(&self, dst: usize, peer: &Peer, frame: Bytes) -> Result<(), PgasError> {
-        peer.control
+        let Some(control) = peer.control.as_ref() else {
+            return Err(PgasError::Invalid(format!(
+                "rank {dst} is a hardware endpoint: it takes no control frames"
+            )));
+        };
+        control
             .lock()
             .await
             .send_bytes(frame)
@@ -1027,14 +1109,15 @@ impl Inner {
             let mut a = self.arrivals.lock().unwrap_or_else(|e| e.into_inner());
             let n = a.entry(epoch).or_insert(0);
             *n += 1;
-            let all = *n == net.group.len();
+            let all = *n == net.group.software_ranks().count();
             if all {
                 a.remove(&epoch);
             }
             all
         };
         if all {
-            for r in 1..net.group.len() {
+            let coordinator = net.coordinator();
+            for r in net.group.software_ranks().filter(|&r| r != coordinator) {
                 let head = Head {
                     arg: epoch,
                     ..Head::new(Kind::BarrierRelease)
@@ -1044,6 +1127,18 @@ impl Inner {
             self.release(epoch);
         }
         Ok(())
+    }
+
+    /// A hardware rank's connection ended: its waiting callers and
+    /// senders fail ([`PgasError::Closed`]) instead of waiting forever.
+    fn fail_rank(&self, rank: usize) {
+        if let Some(peer) = self.net.get().and_then(|n| n.peers.get(rank)) {
+            peer.credit.close();
+        }
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, (r, _)| *r != rank);
     }
 
     fn release(&self, epoch: u64) {
@@ -1076,7 +1171,7 @@ impl Inner {
                     self.progress.replies.fetch_add(1, Ordering::AcqRel);
                 }
                 match waiter {
-                    Some(w) => {
+                    Some((_, w)) => {
                         let _ = w.send(Answer {
                             refusal,
                             value: head.arg,
@@ -1100,7 +1195,7 @@ impl Inner {
                 self.progress.notify.notify_waiters();
             }
             Some(Kind::Credit) => {}
-            Some(Kind::BarrierEnter) if net.rank == 0 => {
+            Some(Kind::BarrierEnter) if net.rank == net.coordinator() => {
                 if let Err(e) = self.arrive(head.arg).await {
                     tracing::debug!("barrier release: {e}");
                 }
@@ -1179,13 +1274,8 @@ async fn serve_data(inner: &Arc<Inner>, source: usize, mut conn: Connection) {
     let Some(peer) = net.peers.get(source) else {
         return;
     };
-    let mut inbound = Inbound::new(
-        source,
-        inner.options.max_medium,
-        inner.counters.clone(),
-        inner.progress.clone(),
-    );
-    let target: &dyn Target = &*inner.target;
+    let mut inbound = Inbound::new(source, inner.options.max_medium, inner.counters.clone());
+    let target: &(dyn Target + Sync) = &*inner.target;
     let mut replies: Vec<Reply> = Vec::with_capacity(4);
     let mut owed: usize = 0;
     let threshold = inner.options.credit_bytes as usize / 4;
@@ -1217,4 +1307,23 @@ async fn serve_data(inner: &Arc<Inner>, source: usize, mut conn: Connection) {
             }
         }
     }
+}
+
+/// Takes hardware rank `rank`'s answers — replies and credit, as a
+/// software target sends on its control connection — from the data
+/// connection they came back on.
+async fn read_answers(inner: Arc<Inner>, rank: usize, mut answers: SplitStream<Connection>) {
+    while let Some(m) = answers.next().await {
+        match m {
+            Ok(m) => inner.on_control(rank, m.payload()).await,
+            Err(e) => {
+                // The device failed or refused a frame it could not take
+                // (`BadRequest`): the requests waiting on it fail with
+                // its connection.
+                tracing::debug!(rank, "hardware endpoint: {e}");
+                break;
+            }
+        }
+    }
+    inner.fail_rank(rank);
 }

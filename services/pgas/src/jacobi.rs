@@ -14,10 +14,43 @@
 //!
 //! Every cell is computed as `0.25 * ((up + down) + (left + right))` in
 //! the distributed run and in [`reference`], so both give the same bits.
+//!
+//! The grid is split over the group's software ranks. With a
+//! [`HaloStore`], one of them keeps its halo rows in a segment of a
+//! hardware endpoint (a `pgas-target` kernel device) instead of its own:
+//! its neighbours put their edge rows there, complete the put (quiet) and
+//! then signal it with a short message; it gets its halos from the
+//! kernel before each iteration. The hardware rank holds and serves
+//! those rows; it computes nothing and signals no one (a hardware
+//! endpoint never initiates).
 
 use std::ops::Range;
 
-use crate::{Acl, Call, Completion, Endpoint, PgasError};
+use crate::{Acl, Call, Completion, Endpoint, PgasError, SegmentId};
+
+/// Where one rank's halo rows live when not in its own segment: segment
+/// `segment` of hardware rank `rank`, at least [`store_bytes`] long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HaloStore {
+    /// The hardware rank holding them.
+    pub rank: usize,
+    /// The software rank (group rank) whose halos they are.
+    pub owner: usize,
+    /// The segment at the hardware rank.
+    pub segment: SegmentId,
+}
+
+/// Bytes a [`HaloStore`]'s segment needs for an `n`-wide grid: two
+/// buffers of the row above and the row below.
+pub fn store_bytes(n: usize) -> usize {
+    4 * n * 8
+}
+
+/// Byte offset in a halo store of buffer `buf`'s row above (`below`
+/// false) or below.
+fn store_offset(buf: usize, below: bool, n: usize) -> u64 {
+    ((buf * 2 + usize::from(below)) * n * 8) as u64
+}
 
 /// A Jacobi problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,18 +120,37 @@ fn from_bytes(b: &[u8]) -> Vec<f64> {
         .collect()
 }
 
-/// Runs this rank's part of `spec` on a joined endpoint (every rank of
-/// the group calls it, each having registered the same segments before);
-/// its rows of the final grid, in order.
+/// Runs this rank's part of `spec` on a joined endpoint (every software
+/// rank of the group calls it, each having registered the same segments
+/// before); its rows of the final grid, in order.
 pub async fn run_rank(ep: &Endpoint, spec: Spec) -> Result<Vec<f64>, PgasError> {
+    run_rank_with_store(ep, spec, None).await
+}
+
+/// [`run_rank`], with `store.owner`'s halo rows in `store` (every
+/// software rank passes the same).
+pub async fn run_rank_with_store(
+    ep: &Endpoint,
+    spec: Spec,
+    store: Option<HaloStore>,
+) -> Result<Vec<f64>, PgasError> {
     let n = spec.n;
-    let rank = ep.rank().ok_or(PgasError::NotJoined)?;
-    let size = ep.size();
+    let me = ep.rank().ok_or(PgasError::NotJoined)?;
+    let group = ep.group().ok_or(PgasError::NotJoined)?;
+    // Strips go to the software ranks in order: `rank` is this one's
+    // place among them, `ranks` maps a place back to the group's rank.
+    let ranks: Vec<usize> = group.software_ranks().collect();
+    let rank = ranks
+        .iter()
+        .position(|&r| r == me)
+        .ok_or(PgasError::NotMember)?;
+    let size = ranks.len();
     if n < 3 || size > n - 2 {
         return Err(PgasError::Invalid(format!(
             "a {n}×{n} grid cannot be split over {size} ranks"
         )));
     }
+    let store = store.filter(|s| ranks.contains(&s.owner));
     let mine = rows_of(rank, size, n);
     let rows = mine.len();
     // Both buffers start as the initial grid's rows around the strip.
@@ -109,12 +161,25 @@ pub async fn run_rank(ep: &Endpoint, spec: Spec) -> Result<Vec<f64>, PgasError> 
     seg.write(offset(1, 0, rows, n) as usize, &to_bytes(strip));
     let up = (rank > 0).then(|| rank - 1);
     let down = (rank + 1 < size).then_some(rank + 1);
+    // This rank's halos in the store: it puts the initial ones there.
+    let stored = store.filter(|s| s.owner == me);
+    if let Some(s) = stored {
+        let strip = to_bytes(strip);
+        for buf in 0..2 {
+            for (below, row) in [(false, 0), (true, rows + 1)] {
+                let bytes = &strip[row * n * 8..(row + 1) * n * 8];
+                let at = store_offset(buf, below, n);
+                ep.long(s.rank, s.segment, at, bytes, Call::NONE, Completion::Async)
+                    .await?;
+            }
+        }
+    }
     // Signals are counted per neighbour: one neighbour may already be an
     // iteration ahead of the other.
     let before: Vec<u64> = [up, down]
         .iter()
         .flatten()
-        .map(|&r| ep.counter_from(r))
+        .map(|&r| ep.counter_from(ranks[r]))
         .collect();
     ep.barrier().await?;
     let mut old = vec![0.0; (rows + 2) * n];
@@ -125,31 +190,47 @@ pub async fn run_rank(ep: &Endpoint, spec: Spec) -> Result<Vec<f64>, PgasError> 
             let at = offset(cur, 0, rows, n) as usize;
             old.copy_from_slice(&from_bytes(&b[at..at + (rows + 2) * n * 8]));
         });
+        if let Some(s) = stored {
+            // The halos this iteration reads come from the store (the
+            // boundary rows of the grid's edges stay as they were).
+            if up.is_some() {
+                let row = ep.get(s.rank, s.segment, store_offset(cur, false, n), n * 8);
+                old[..n].copy_from_slice(&from_bytes(&row.await?));
+            }
+            if down.is_some() {
+                let row = ep.get(s.rank, s.segment, store_offset(cur, true, n), n * 8);
+                old[(rows + 1) * n..].copy_from_slice(&from_bytes(&row.await?));
+            }
+        }
         new.copy_from_slice(&old);
         step(&old, &mut new, n, 1..rows + 1);
         let interior = to_bytes(&new[n..(rows + 1) * n]);
         seg.write(offset(next, 1, rows, n) as usize, &interior);
-        if let Some(r) = up {
-            let their = rows_of(r, size, n).len();
-            let at = offset(next, their + 1, their, n);
-            ep.long(
-                r,
-                seg.id(),
-                at,
-                &interior[..n * 8],
-                Call::counter(1),
-                Completion::Async,
-            )
-            .await?;
-        }
-        if let Some(r) = down {
-            let at = offset(next, 0, rows_of(r, size, n).len(), n);
-            let last = &interior[(rows - 1) * n * 8..];
-            ep.long(r, seg.id(), at, last, Call::counter(1), Completion::Async)
-                .await?;
+        let first = &interior[..n * 8];
+        let last = &interior[(rows - 1) * n * 8..];
+        // Into the neighbour above, its row below; into the one below,
+        // its row above.
+        for (neighbour, row, below) in [(up, first, true), (down, last, false)] {
+            let Some(r) = neighbour else { continue };
+            let (dst, their) = (ranks[r], rows_of(r, size, n).len());
+            match store.filter(|s| s.owner == dst) {
+                Some(s) => {
+                    let at = store_offset(next, below, n);
+                    ep.long(s.rank, s.segment, at, row, Call::NONE, Completion::Async)
+                        .await?;
+                    // Landed at the store before the owner hears of it.
+                    ep.quiet().await?;
+                    ep.short(dst, Call::counter(1), Completion::Async).await?;
+                }
+                None => {
+                    let at = offset(next, if below { their + 1 } else { 0 }, their, n);
+                    ep.long(dst, seg.id(), at, row, Call::counter(1), Completion::Async)
+                        .await?;
+                }
+            }
         }
         for (&r, b) in [up, down].iter().flatten().zip(&before) {
-            ep.wait_counter_from(r, b + k as u64 + 1).await;
+            ep.wait_counter_from(ranks[r], b + k as u64 + 1).await;
         }
     }
     ep.barrier().await?;

@@ -17,7 +17,9 @@
 //! [`Group`] (itself included) with two connections each: requests go on
 //! the data connection (traffic class 0), replies, credit and barrier
 //! messages come back on the peer's control connection (class 1), so a
-//! reply never waits behind bulk data. A sender may have at most
+//! reply never waits behind bulk data. A hardware rank — a kernel device
+//! running the `pgas-target` kernel ([`Group::with_hardware`]) — gets
+//! the data connection only, and answers on it. A sender may have at most
 //! [`Options::credit_bytes`] of requests unprocessed at each target: a
 //! full target pushes back on the sender, nothing is dropped.
 //!
@@ -70,7 +72,8 @@ mod group;
 pub mod jacobi;
 pub mod segment;
 pub mod target;
-pub mod wire;
+/// The frames endpoints exchange (`uniplane-pgas-core`).
+pub use uniplane_pgas_core::wire;
 
 pub use endpoint::{Call, Completion, Endpoint, Options, DEFAULT_PORT};
 pub use error::PgasError;
@@ -80,6 +83,7 @@ pub use target::{
     AmCall, Handler, HandlerId, Refusal, SoftTarget, Target, TargetStats, FIRST_USER_HANDLER,
     HANDLER_COUNTER, HANDLER_NONE, MAX_GET,
 };
+pub use uniplane_pgas_core::stats::{HardwareStats, STATS_BYTES, STATS_SEGMENT};
 pub use wire::Shape;
 
 /// Completion counters of an endpoint, and what wakes their waiters.
@@ -94,4 +98,15 @@ pub(crate) struct Progress {
     /// The built-in counter's total by sending rank.
     pub(crate) counter_from: std::sync::Mutex<rustc_hash::FxHashMap<usize, u64>>,
     pub(crate) notify: Notify,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_frame_is_at_most_one_uniplane_message() {
+        assert_eq!(
+            crate::wire::MAX_FRAME,
+            uniplane_dataplane::Message::MAX_PAYLOAD
+        );
+    }
 }

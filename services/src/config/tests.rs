@@ -1008,7 +1008,8 @@ fn kernel_settings_out_of_range_unknown_or_misplaced_are_refused_with_the_field(
         (
             "[[devices]]\nname = \"k\"\nkind = \"kernel\"\nfunction = \"fft\"\n".to_owned(),
             "c.toml:4:12: field `devices.function`: `fft`: expected \"echo\", \"sum32\" or \
-             \"sum32-memory\", or a library kernel: \"dense\", \"regex-stage\" (or, for failure tests, \
+             \"sum32-memory\", or a library kernel: \"dense\", \"regex-stage\", \"pgas-target\" (or, for failure \
+             tests, \
              \"stall\", \"panic\" or \"garbage\")",
         ),
         (
@@ -1137,6 +1138,42 @@ fn chains_and_parameters_are_refused_where_they_mean_nothing() {
             format!("{MEMORY_DEVICE}params = {{ seed = 7 }}\n"),
             "c.toml:5:10: field `devices.params`: only a library kernel takes parameters \
              (this device's kind or function takes none)",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(refused(&text).to_string(), want, "{text}");
+    }
+}
+
+#[test]
+fn a_pgas_target_kernel_takes_its_segments_and_refuses_bad_ones_naming_the_device() {
+    let device = |params: &str| {
+        format!(
+            "[[devices]]\nname = \"halo\"\nkind = \"kernel\"\nfunction = \"pgas-target\"\n{params}"
+        )
+    };
+    let c = Config::parse(
+        &device("params = { segments = 2, segment_bytes = 4096, acl = \"rw,0+2\" }\n"),
+        "c.toml",
+    )
+    .unwrap();
+    assert_eq!(c.devices[0].params["segments"], "2");
+    assert_eq!(c.devices[0].params["acl"], "rw,0+2");
+    let cases = [
+        (
+            device("params = { segments = 0 }\n"),
+            "c.toml:5:10: field `devices.params`: device `halo`: kernel `pgas-target`: \
+             parameter `segments` = 0: from 1 to 64",
+        ),
+        (
+            device("params = { segments = 64, segment_bytes = 2097152 }\n"),
+            "c.toml:5:10: field `devices.params`: device `halo`: kernel `pgas-target`: \
+             64 segments of 2097152 bytes exceed the kernel's 67108864 bytes of memory",
+        ),
+        (
+            device("params = { acl = \"anyone\" }\n"),
+            "c.toml:5:10: field `devices.params`: device `halo`: kernel `pgas-target`: \
+             parameter `acl`: `anyone`: expected `rw`, `ro` or ranks like `0+2`",
         ),
     ];
     for (text, want) in cases {

@@ -56,11 +56,24 @@ pub async fn group_with(
     options: Options,
     prepare: impl Fn(&Endpoint),
 ) -> Setup {
+    group_with_devices(name, n, "", &[], options, prepare).await
+}
+
+/// [`group_with`] on a daemon that also has `devices` (configuration
+/// text), the kernel devices `hardware` joining the group as hardware
+/// ranks after the `n` software ones.
+pub async fn group_with_devices(
+    name: &str,
+    n: usize,
+    devices: &str,
+    hardware: &[uniplane_dataplane::Uid],
+    options: Options,
+    prepare: impl Fn(&Endpoint),
+) -> Setup {
     let dir = std::env::temp_dir().join(format!("uniplane-pgas-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let (daemon, _client) = embedded(Config::parse(CONFIG, name).unwrap(), &dir)
-        .await
-        .unwrap();
+    let config = Config::parse(&format!("{CONFIG}{devices}"), name).unwrap();
+    let (daemon, _client) = embedded(config, &dir).await.unwrap();
     let mut eps = Vec::new();
     for i in 0..n {
         let session = uniplane_services::client::Client::connect(daemon.runtime_dir())
@@ -73,7 +86,9 @@ pub async fn group_with(
         prepare(&ep);
         eps.push(ep);
     }
-    let g = Group::new(eps.iter().map(Endpoint::uid).collect());
+    let mut members: Vec<_> = eps.iter().map(Endpoint::uid).collect();
+    members.extend_from_slice(hardware);
+    let g = Group::new(members).with_hardware(n..n + hardware.len());
     let joins = eps.iter().map(|e| e.join(g.clone()));
     for r in within("join", futures_util::future::join_all(joins)).await {
         r.unwrap();

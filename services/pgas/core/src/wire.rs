@@ -22,12 +22,23 @@
 //! a [`WireError`].
 
 use bytes::{BufMut, BytesMut};
-use uniplane_dataplane::Message;
 
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = 32;
-/// The largest frame: one uniplane message's payload.
-pub const MAX_FRAME: usize = Message::MAX_PAYLOAD;
+/// The largest frame: one uniplane message's payload
+/// (`uniplane_dataplane::Message::MAX_PAYLOAD`; `uniplane-pgas` checks
+/// the two agree, this crate stays free of the dataplane).
+pub const MAX_FRAME: usize = 65_535;
+/// The least credit a frame costs: bounds the frames in flight to a
+/// target (a full connection inbox would stall its whole session).
+pub const MIN_CHARGE: usize = 512;
+
+/// The credit a frame of `len` bytes costs; sender and target count
+/// alike.
+pub fn charge(len: usize) -> usize {
+    len.max(MIN_CHARGE)
+}
+
 /// Most entries of a vectored long message (its descriptor must fit the
 /// first frame).
 pub const MAX_VECTOR: usize = 4096;
