@@ -299,6 +299,10 @@ struct PgasArgs {
     /// shm: both endpoints on one daemon (the only stack so far).
     #[arg(long, default_value = "shm", value_parser = ["shm"])]
     stack: String,
+    /// Rank 1: software (a second session's endpoint) or hardware (a
+    /// `pgas-target` kernel device; short, get, atomic, put-quiet).
+    #[arg(long, default_value = "software", value_parser = ["software", "hardware"])]
+    target: String,
     /// Payload sizes (put, get): sizes and FROM..TO ranges that double,
     /// with K or M suffixes, e.g. 8..4M or 8,4K,1M.
     #[arg(long, default_value = "8..4M")]
@@ -2161,7 +2165,7 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
 
 fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
     use uniplane_bench::path::WaitMode;
-    use uniplane_bench::pgas::{parse_sizes, run_pgas, PgasConfig, PgasOp};
+    use uniplane_bench::pgas::{parse_sizes, run_pgas, PgasConfig, PgasOp, PgasTarget};
     let sizes = parse_sizes(&a.sizes).map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
     let cfg = PgasConfig {
         op: match a.op.as_str() {
@@ -2180,13 +2184,18 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
         },
         uniplaned: a.uniplaned.clone(),
         openshmem: !a.no_openshmem,
+        target: if a.target == "hardware" {
+            PgasTarget::Hardware
+        } else {
+            PgasTarget::Software
+        },
     };
     let ticker = Ticker::start(cli, "pgas", None);
     let r = run_pgas(&cfg)?;
     drop(ticker);
     println!(
-        "pgas {} over {}, wait {} (median µs):",
-        a.op, a.stack, a.wait
+        "pgas {} to a {} rank over {}, wait {} (median µs):",
+        a.op, a.target, a.stack, a.wait
     );
     println!(
         "  {:>9} {:>12} {:>12} {:>7}",
@@ -2211,7 +2220,8 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
             r["rtt_ns"]["p99"]
         );
     }
-    let params = json!({ "op": a.op, "stack": a.stack, "sizes": sizes, "wait": a.wait });
+    let params =
+        json!({ "op": a.op, "stack": a.stack, "target": a.target, "sizes": sizes, "wait": a.wait });
     emit(cli.json, &Report::new("pgas", params, r))
 }
 

@@ -24,6 +24,13 @@
 //!   flight), each completed: the alternative to long messages, measured
 //!   to choose between them (against `shmem_putmem` + `shmem_quiet`).
 //!
+//! With `--target hardware` rank 1 is a hardware endpoint: a
+//! `pgas-target` kernel device of the daemon (segments in the kernel's own
+//! memory, the counter and atomics built in), which rank 0 reaches over
+//! one data connection. A kernel does not initiate, so only the
+//! operations that rank 1 answers run there: `short`, `get`, `atomic` and
+//! `put-quiet`.
+//!
 //! The daemon is a `uniplaned` process started here (the one next to this
 //! program); each rank runs on its own OS thread with a current-thread
 //! tokio runtime. The OpenSHMEM program is compiled here with `oshcc` and
@@ -31,6 +38,7 @@
 //! `osc` exclusion every program segfaults in `shmem_finalize`); where
 //! either tool is missing, its column is null.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc as std_mpsc;
@@ -40,6 +48,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use uniplane_client::{Client, DataPathOptions, Wait};
+use uniplane_dataplane::Uid;
 use uniplane_pgas::{Acl, AtomicOp, Call, Completion, Endpoint, Group, Options, Width};
 
 use crate::hist::LatencyHistogram;
@@ -80,7 +89,35 @@ impl PgasOp {
     fn sized(self) -> bool {
         !matches!(self, PgasOp::Short | PgasOp::Atomic)
     }
+
+    /// Whether a hardware rank 1 can take part: it answers, it never
+    /// sends on its own, and it has no client-library window.
+    fn answered(self) -> bool {
+        !matches!(self, PgasOp::Put | PgasOp::Window)
+    }
 }
+
+/// What rank 1 is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PgasTarget {
+    /// An endpoint of a client session, like rank 0.
+    Software,
+    /// A `pgas-target` kernel device of the daemon.
+    Hardware,
+}
+
+impl PgasTarget {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PgasTarget::Software => "software",
+            PgasTarget::Hardware => "hardware",
+        }
+    }
+}
+
+/// The device number of the hardware rank's kernel.
+const KERNEL_DEVICE: u16 = 2;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -95,6 +132,8 @@ pub struct PgasConfig {
     pub uniplaned: Option<PathBuf>,
     /// Run the OpenSHMEM side.
     pub openshmem: bool,
+    /// What rank 1 is.
+    pub target: PgasTarget,
 }
 
 /// The largest size `--sizes` takes.
@@ -139,9 +178,23 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
             sibling_binary("uniplaned").ok_or_else(|| err("no uniplaned next to this program"))?
         }
     };
-    let daemon = DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?;
-    let (uniplane, rtt) = measure_uniplane(cfg, daemon.runtime_dir(), &sizes, max)?;
-    drop(daemon);
+    let (uniplane, rtt) = match cfg.target {
+        PgasTarget::Software => {
+            let daemon = DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?;
+            measure_uniplane(cfg, daemon.runtime_dir(), &sizes, max)?
+        }
+        PgasTarget::Hardware => {
+            if !cfg.op.answered() {
+                return Err(err(format!(
+                    "--op {} needs rank 1 to send or to have a window: a hardware rank (a kernel) only answers; use short, get, atomic or put-quiet",
+                    cfg.op.name()
+                )));
+            }
+            let daemon = hardware_daemon(&binary, cfg.wait, max)?;
+            measure_uniplane(cfg, daemon.runtime_dir(), &sizes, max)?
+        }
+    };
+    // Each arm's daemon stops at the end of its arm, before the OpenSHMEM side runs.
     let shmem = if cfg.openshmem {
         match measure_openshmem(cfg.op, &sizes) {
             Ok(v) => Some(v),
@@ -164,7 +217,7 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
             })
         })
         .collect();
-    let mut out = json!({ "op": cfg.op.name(), "points": points });
+    let mut out = json!({ "op": cfg.op.name(), "target": cfg.target.name(), "points": points });
     if cfg.op == PgasOp::Short {
         out["rtt_ns"] = json!({
             "p50": rtt.quantile(0.5),
@@ -173,6 +226,27 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
         });
     }
     Ok(out)
+}
+
+/// A daemon with a `pgas-target` kernel (one segment of `max` bytes,
+/// waiting as the sessions do) as device [`KERNEL_DEVICE`].
+fn hardware_daemon(binary: &Path, wait: WaitMode, max: usize) -> Result<DaemonProcess, BenchError> {
+    let dir = scratch_dir("pgas")?;
+    let (mode, kernel_wait) = match wait {
+        WaitMode::Busy => ("busy-poll", "busy"),
+        WaitMode::Park => ("spin-then-park", "park"),
+    };
+    let text = format!(
+        "[server]\nid = \"127.0.0.1\"\nname = \"bench\"\npeer_listen = \"127.0.0.1:0\"\n\n\
+         [runtime]\ndir = \"{}\"\n\n\
+         [engine]\nmax_ports = 8\nring_depth = 1024\nmode = \"{mode}\"\n\n\
+         [[devices]]\nname = \"pgas-rank1\"\nkind = \"kernel\"\ndevice = {KERNEL_DEVICE}\n\
+         backend = \"emulated\"\nfunction = \"pgas-target\"\nwait = \"{kernel_wait}\"\n\
+         params = {{ segments = 1, segment_bytes = {max} }}\n\n\
+         [policy]\ndefault = \"allow-local\"\n",
+        dir.display()
+    );
+    DaemonProcess::spawn(binary, dir, &text, &[])
 }
 
 async fn endpoint(dir: &Path, name: &str, wait: WaitMode, max: usize) -> Result<Endpoint, String> {
@@ -217,33 +291,42 @@ fn measure_uniplane(
     let wait = cfg.wait;
     let dir1 = dir.to_owned();
     let sizes1 = sizes.to_vec();
-    let responder = std::thread::spawn(move || -> Result<(), String> {
-        let rt = runtime().map_err(|e| e.to_string())?;
-        rt.block_on(async move {
-            let ep = endpoint(&dir1, "pgas-rank1", wait, max).await?;
-            // The first window of a session starts at address 0.
-            let _window = ep.session().register_window(max);
-            uid_tx.send(ep.uid()).map_err(|e| e.to_string())?;
-            let group = tokio::task::spawn_blocking(move || group_rx.recv())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            ep.join(group).await.map_err(|e| e.to_string())?;
-            if op == PgasOp::Put {
-                let data = vec![0x5a; max];
-                let mut seq = 0u64;
-                for &size in &sizes1 {
-                    for _ in 0..WARMUP + rounds(size) {
-                        seq += 1;
-                        ep.wait_counter_from(0, seq).await;
-                        ep.long(0, 0, 0, &data[..size], Call::counter(1), Completion::Async)
-                            .await
-                            .map_err(|e| e.to_string())?;
+    let hardware = cfg.target == PgasTarget::Hardware;
+    if hardware {
+        // The kernel is rank 1: no second session.
+        uid_tx
+            .send(Uid::new(Ipv4Addr::LOCALHOST, KERNEL_DEVICE))
+            .map_err(err)?;
+    }
+    let responder = (!hardware).then(|| {
+        std::thread::spawn(move || -> Result<(), String> {
+            let rt = runtime().map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                let ep = endpoint(&dir1, "pgas-rank1", wait, max).await?;
+                // The first window of a session starts at address 0.
+                let _window = ep.session().register_window(max);
+                uid_tx.send(ep.uid()).map_err(|e| e.to_string())?;
+                let group = tokio::task::spawn_blocking(move || group_rx.recv())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                ep.join(group).await.map_err(|e| e.to_string())?;
+                if op == PgasOp::Put {
+                    let data = vec![0x5a; max];
+                    let mut seq = 0u64;
+                    for &size in &sizes1 {
+                        for _ in 0..WARMUP + rounds(size) {
+                            seq += 1;
+                            ep.wait_counter_from(0, seq).await;
+                            ep.long(0, 0, 0, &data[..size], Call::counter(1), Completion::Async)
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        }
                     }
                 }
-            }
-            let _ = stop_rx.await;
-            Ok(())
+                let _ = stop_rx.await;
+                Ok(())
+            })
         })
     });
     let rt = runtime()?;
@@ -255,8 +338,12 @@ fn measure_uniplane(
                     .await
                     .map_err(err)?
                     .map_err(|_| err("rank 1 did not start"))?;
-            let group = Group::new(vec![ep.uid(), other]);
-            group_tx.send(group.clone()).map_err(err)?;
+            let mut group = Group::new(vec![ep.uid(), other]);
+            if hardware {
+                group = group.with_hardware([1]);
+            } else {
+                group_tx.send(group.clone()).map_err(err)?;
+            }
             ep.join(group).await.map_err(err)?;
             let data = vec![0xa5; max];
             let mut medians = Vec::new();
@@ -325,7 +412,10 @@ fn measure_uniplane(
             Ok::<_, BenchError>((medians, hist))
         });
     let _ = stop_tx.send(());
-    let joined = responder.join().map_err(|_| err("rank 1 panicked"))?;
+    let joined = match responder {
+        Some(r) => r.join().map_err(|_| err("rank 1 panicked"))?,
+        None => Ok(()),
+    };
     let out = result?;
     joined.map_err(err)?;
     Ok(out)

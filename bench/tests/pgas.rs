@@ -66,3 +66,60 @@ fn pgas_short_reports_the_round_trip_p50() {
         "OpenSHMEM has no active messages"
     );
 }
+
+fn hardware_args<'a>(op: &'a str, sizes: &'a str, daemon: &'a str) -> Vec<&'a str> {
+    vec![
+        "pgas",
+        "--op",
+        op,
+        "--target",
+        "hardware",
+        "--sizes",
+        sizes,
+        "--uniplaned",
+        daemon,
+        "--no-openshmem",
+        "--json",
+    ]
+}
+
+#[test]
+fn pgas_to_a_hardware_rank_measures_what_a_kernel_answers() {
+    let Some(daemon) = uniplaned() else {
+        return;
+    };
+    let daemon = daemon.display().to_string();
+    for (op, sizes, want) in [
+        (
+            "get",
+            "8..128K",
+            (3..=17).map(|e| 1u64 << e).collect::<Vec<_>>(),
+        ),
+        ("put-quiet", "8,64K", vec![8, 65536]),
+        ("atomic", "8", vec![8]),
+        ("short", "8", vec![8]),
+    ] {
+        let v = last_json(&bench(&hardware_args(op, sizes, &daemon)));
+        assert_eq!(string(&v, "results.target"), "hardware");
+        let points = v
+            .pointer("/results/points")
+            .and_then(|p| p.as_array())
+            .unwrap();
+        let got: Vec<u64> = points.iter().map(|p| p["size"].as_u64().unwrap()).collect();
+        assert_eq!(got, want, "{op}");
+        for p in points {
+            assert!(p["uniplane_us"].as_f64().unwrap() > 0.0, "{op}: {p}");
+        }
+    }
+}
+
+#[test]
+fn pgas_refuses_what_a_hardware_rank_cannot_do() {
+    let Some(daemon) = uniplaned() else {
+        return;
+    };
+    let daemon = daemon.display().to_string();
+    for op in ["put", "window"] {
+        fails_with(&hardware_args(op, "8", &daemon), "only answers");
+    }
+}
