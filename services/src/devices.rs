@@ -187,8 +187,15 @@ pub fn handle<M: MemoryStore + ?Sized>(
             .ok()?;
             Message::new(Header::new(h.dst, h.src, request), Bytes::new()).ok()
         }
-        // Connection control and answers need no reply from a device.
-        (k, _) if k.is_answer() || matches!(k, ReqType::Connect | ReqType::Close) => None,
+        // Connection control and answers need no reply from a device (nor
+        // the daemon's NOTIFY that a connection ended: these devices keep
+        // nothing per connection).
+        (k, _)
+            if k.is_answer()
+                || matches!(k, ReqType::Connect | ReqType::Close | ReqType::Notify) =>
+        {
+            None
+        }
         _ => m.error_answer(Status::BadRequest),
     }
 }

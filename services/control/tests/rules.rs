@@ -125,6 +125,23 @@ fn devices_accept_on_every_port_and_get_no_notice() {
 }
 
 #[test]
+fn a_device_hears_of_a_connection_whose_session_ended() {
+    let mut h = Harness::new(config());
+    h.attach(A, "client");
+    let echo = uid("10.0.0.1:1");
+    let conn = connected(h.connect(A, echo, 7));
+    assert!(h.notices().is_empty(), "a device hears of no connect");
+    // The session ends without closing in band: the device is told, as
+    // a process would be, so it can forget what it kept for the caller.
+    h.event(Event::ClientClosed { session: A });
+    assert_eq!(
+        h.notices(),
+        vec![(echo, ReqType::Notify, conn.reversed(), Status::Closed)]
+    );
+    h.check();
+}
+
+#[test]
 fn a_failed_device_closes_its_connections_and_no_other() {
     let mut h = Harness::new(config());
     let client = h.attach(A, "client");

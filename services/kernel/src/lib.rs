@@ -135,6 +135,19 @@ pub trait Kernel: Send {
     /// `out` before it returns.
     fn on_message(&mut self, conn: u16, payload: &[u8], out: &mut dyn Emit);
 
+    /// A new connection from `caller` takes kernel connection `conn`:
+    /// whatever an earlier connection left there is to be forgotten. The
+    /// caller is the daemon's word, not the connection's. By default
+    /// nothing happens.
+    fn on_open(&mut self, conn: u16, caller: wire::Caller) {
+        let _ = (conn, caller);
+    }
+
+    /// Connection `conn` ended. By default nothing happens.
+    fn on_close(&mut self, conn: u16) {
+        let _ = conn;
+    }
+
     /// Handles one message of `conn` with the device's `memory` at hand;
     /// what the runner calls. By default the memory is not used
     /// ([`Kernel::on_message`]).

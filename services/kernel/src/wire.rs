@@ -31,12 +31,58 @@ pub enum FrameKind {
     Done = 4,
     /// The request failed: `code` says why ([`crate::KernelError::code`]).
     Error = 5,
+    /// A new connection takes kernel connection `conn` (host to kernel,
+    /// before its first request; the payload is its [`Caller`]). Whatever
+    /// an earlier connection left in that slot is forgotten. Not
+    /// answered.
+    Open = 6,
+    /// Connection `conn` ended (host to kernel, no payload). Not
+    /// answered.
+    Close = 7,
 }
 
 impl FrameKind {
     /// Whether it ends its request (the host forgets the request).
     pub fn ends_request(self) -> bool {
         matches!(self, FrameKind::Last | FrameKind::Done | FrameKind::Error)
+    }
+}
+
+/// Who is at the other end of a kernel connection, as the daemon knows
+/// it (from the overlay connection, not from anything the caller says):
+/// what an [`Open`](FrameKind::Open) frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// The caller's server (its UID's IPv4 part).
+    pub server: std::net::Ipv4Addr,
+    /// The caller's device (its UID's device part).
+    pub device: u16,
+    /// The caller's port of the connection.
+    pub port: u16,
+}
+
+impl Caller {
+    /// Bytes of an encoded caller.
+    pub const BYTES: usize = 8;
+
+    /// `[ server 4 | device u16 | port u16 ]`, little-endian numbers.
+    pub fn encode(&self) -> [u8; Caller::BYTES] {
+        let mut b = [0u8; Caller::BYTES];
+        b[..4].copy_from_slice(&self.server.octets());
+        b[4..6].copy_from_slice(&self.device.to_le_bytes());
+        b[6..8].copy_from_slice(&self.port.to_le_bytes());
+        b
+    }
+
+    /// The caller in an `Open` frame's payload, which must be exactly
+    /// [`Caller::BYTES`] long.
+    pub fn decode(b: &[u8]) -> Option<Caller> {
+        let b: &[u8; Caller::BYTES] = b.try_into().ok()?;
+        Some(Caller {
+            server: std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]),
+            device: u16::from_le_bytes([b[4], b[5]]),
+            port: u16::from_le_bytes([b[6], b[7]]),
+        })
     }
 }
 
@@ -93,13 +139,16 @@ impl Frame {
             3 => FrameKind::Last,
             4 => FrameKind::Done,
             5 => FrameKind::Error,
+            6 => FrameKind::Open,
+            7 => FrameKind::Close,
             k => return Err(FrameError::Kind(k)),
         };
         let code = b[1];
         let payload = &b[FRAME_HEADER_BYTES..];
         let coded = kind == FrameKind::Error;
-        let empty = matches!(kind, FrameKind::Done | FrameKind::Error);
-        if (code != 0) != coded || (empty && !payload.is_empty()) {
+        let empty = matches!(kind, FrameKind::Done | FrameKind::Error | FrameKind::Close);
+        let caller = kind != FrameKind::Open || payload.len() == Caller::BYTES;
+        if (code != 0) != coded || (empty && !payload.is_empty()) || !caller {
             return Err(FrameError::Malformed);
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -197,6 +246,42 @@ mod tests {
             Err(FrameError::Malformed),
             "done with a payload"
         );
+        done[0] = FrameKind::Close as u8;
+        assert_eq!(
+            Frame::decode(&done),
+            Err(FrameError::Malformed),
+            "close with a payload"
+        );
+        let mut open = b.to_vec();
+        open[0] = FrameKind::Open as u8;
+        open.extend_from_slice(&[0; Caller::BYTES - 1]);
+        assert_eq!(
+            Frame::decode(&open),
+            Err(FrameError::Malformed),
+            "open with a short caller"
+        );
+    }
+
+    #[test]
+    fn an_open_frame_carries_its_caller() {
+        let caller = Caller {
+            server: std::net::Ipv4Addr::new(10, 1, 2, 3),
+            device: 0xbeef,
+            port: 4791,
+        };
+        let f = Frame {
+            kind: FrameKind::Open,
+            code: 0,
+            conn: 3,
+            request: 0,
+            seq: 5,
+        };
+        let mut b = f.encode().to_vec();
+        b.extend_from_slice(&caller.encode());
+        let (got, payload) = Frame::decode(&b).unwrap();
+        assert_eq!(got, f);
+        assert_eq!(Caller::decode(payload), Some(caller));
+        assert_eq!(Caller::decode(&payload[1..]), None);
     }
 
     #[test]

@@ -64,7 +64,7 @@ use bytes::Bytes;
 use serde_json::json;
 use uniplane_dataplane::wire::{Header, MsgFlags, Params, PortParams, ReqType, Request, Status};
 use uniplane_dataplane::{Message, PortClosed, PortIo, Uid};
-use uniplane_kernel::wire::{earlier, pick, Frame, FrameKind, Pick, FRAME_HEADER_BYTES};
+use uniplane_kernel::wire::{earlier, pick, Caller, Frame, FrameKind, Pick, FRAME_HEADER_BYTES};
 use uniplane_kernel::{Emit, Kernel, KernelError};
 use uniplane_shm::connect::{ConnectConfig, ConnectPort, FRAME_HEADER_BYTES as CONNECT_HEADER};
 use uniplane_shm::mailbox::{MailboxReceiver, MailboxRegion, MailboxSender, Side, WaitPolicy};
@@ -619,6 +619,12 @@ pub struct KernelPort {
     ready_capacity: usize,
     conns: HashMap<(Uid, u16, u16), u16>,
     conn_keys: Vec<Option<(Uid, u16, u16)>>,
+    /// Whether the kernel was told of the connection in each slot
+    /// ([`FrameKind::Open`]): sent before the slot's first request.
+    announced: Vec<bool>,
+    /// Slots whose connection ended, to tell the kernel
+    /// ([`FrameKind::Close`]) before anything else is sent.
+    closing: VecDeque<u16>,
     next_conn: usize,
     received: u64,
     failed_over: bool,
@@ -704,6 +710,8 @@ pub fn open_with(
         ready_capacity: max_in_flight + 64,
         conns: HashMap::with_capacity(KERNEL_CONNS),
         conn_keys: vec![None; KERNEL_CONNS],
+        announced: vec![false; KERNEL_CONNS],
+        closing: VecDeque::with_capacity(KERNEL_CONNS),
         next_conn: 0,
         received: 0,
         failed_over: false,
@@ -789,14 +797,95 @@ impl KernelPort {
         if let Some(old) = self.conn_keys[slot].replace(key) {
             self.conns.remove(&old);
         }
+        // The slot's new connection is told to the kernel before its
+        // first request (which also makes it forget the old one's).
+        self.announced[slot] = false;
         self.conns.insert(key, slot as u16);
         slot as u16
     }
 
+    /// A CLOSE in band from the caller.
     fn forget_conn(&mut self, h: &Header) {
         if let Some((src_port, dst_port)) = h.request.ports() {
-            if let Some(c) = self.conns.remove(&(h.src, src_port, dst_port)) {
-                self.conn_keys[c as usize] = None;
+            self.forget_key((h.src, src_port, dst_port));
+        }
+    }
+
+    /// The daemon's NOTIFY that a connection ended (its caller's session
+    /// may be gone, with no CLOSE in band): `[ local port | remote UID |
+    /// remote port ]`, big-endian. Only the daemon of this server (device
+    /// 0) is heard.
+    fn forget_noticed(&mut self, m: &Message) {
+        let h = m.header();
+        if h.src.device() != 0 || h.src.server() != h.dst.server() {
+            return;
+        }
+        let p = m.payload();
+        if p.len() != 10 {
+            return;
+        }
+        let local = u16::from_be_bytes([p[0], p[1]]);
+        let mut uid = [0u8; 6];
+        uid.copy_from_slice(&p[2..8]);
+        let remote = u16::from_be_bytes([p[8], p[9]]);
+        self.forget_key((Uid::from_bytes(uid), remote, local));
+    }
+
+    fn forget_key(&mut self, key: (Uid, u16, u16)) {
+        if let Some(c) = self.conns.remove(&key) {
+            self.conn_keys[c as usize] = None;
+            if std::mem::take(&mut self.announced[c as usize]) {
+                // At most one entry a slot: a slot is announced again
+                // only after its close went.
+                self.closing.push_back(c);
+            }
+        }
+    }
+
+    /// Tells the kernel of the connections that ended, then of the one
+    /// in `conn` if it is new: false when the path has no room yet (or
+    /// broke) and the request must wait.
+    fn announce(&mut self, conn: u16) -> bool {
+        while let Some(&c) = self.closing.front() {
+            if !self.control_frame(FrameKind::Close, c, &[]) {
+                return false;
+            }
+            self.closing.pop_front();
+        }
+        if self.announced[conn as usize] {
+            return true;
+        }
+        let Some((uid, src_port, _)) = self.conn_keys[conn as usize] else {
+            // A request with no ports (slot 0 by default): nobody to name.
+            return true;
+        };
+        let caller = Caller {
+            server: uid.server(),
+            device: uid.device(),
+            port: src_port,
+        };
+        if !self.control_frame(FrameKind::Open, conn, &caller.encode()) {
+            return false;
+        }
+        self.announced[conn as usize] = true;
+        true
+    }
+
+    /// Sends an `Open` or `Close` frame: whether it went.
+    fn control_frame(&mut self, kind: FrameKind, conn: u16, payload: &[u8]) -> bool {
+        let frame = Frame {
+            kind,
+            code: 0,
+            conn,
+            request: 0,
+            seq: 0,
+        };
+        match self.end.send(frame, payload) {
+            Ok(Some(_)) => true,
+            Ok(None) => false,
+            Err(reason) => {
+                self.shared.mark_down(reason);
+                false
             }
         }
     }
@@ -808,6 +897,9 @@ impl KernelPort {
         }
         let header = *m.header();
         let conn = self.conn_of(&header);
+        if !self.announce(conn) {
+            return Err(m);
+        }
         let request = self.end.next_seq;
         let frame = Frame {
             kind: FrameKind::Request,
@@ -1039,7 +1131,10 @@ impl KernelPort {
     fn answer(&mut self, via: Via) -> Option<Option<Message>> {
         self.refresh_chain();
         let (frame, payload) = Frame::decode(self.end.frame(via)).ok()?;
-        if frame.kind == FrameKind::Request {
+        if matches!(
+            frame.kind,
+            FrameKind::Request | FrameKind::Open | FrameKind::Close
+        ) {
             return None;
         }
         // Requests before the one answered will get no more answers.
@@ -1078,7 +1173,7 @@ impl KernelPort {
                 self.shared.stats.kernel_errors.fetch_add(1, Relaxed);
                 error_to(&w.header, Status::BadRequest)
             }
-            FrameKind::Done | FrameKind::Request => None,
+            FrameKind::Done | FrameKind::Request | FrameKind::Open | FrameKind::Close => None,
         })
     }
 }
@@ -1292,6 +1387,9 @@ impl KernelPort {
             if kind == ReqType::Close {
                 self.forget_conn(m.header());
             }
+            if kind == ReqType::Notify {
+                self.forget_noticed(&m);
+            }
             if self.ready.len() >= self.ready_capacity {
                 return Err(m);
             }
@@ -1492,6 +1590,28 @@ impl KernelEnd {
             self.end.consumed(via);
             return true;
         };
+        match frame.kind {
+            FrameKind::Request => {}
+            FrameKind::Open => {
+                if let (Some(k), Some(caller)) = (self.kernel.as_mut(), Caller::decode(payload)) {
+                    k.on_open(frame.conn, caller);
+                }
+                self.end.consumed(via);
+                return true;
+            }
+            FrameKind::Close => {
+                if let Some(k) = self.kernel.as_mut() {
+                    k.on_close(frame.conn);
+                }
+                self.end.consumed(via);
+                return true;
+            }
+            // Answers come from this end, never to it.
+            _ => {
+                self.end.consumed(via);
+                return true;
+            }
+        }
         self.answers.bytes.clear();
         self.answers.items.clear();
         self.request = frame.request;

@@ -360,23 +360,44 @@ impl Control {
             return;
         }
         for key in gone {
-            self.drop_connection(key, Status::PeerFailed, true);
+            // The failed device itself is told nothing.
+            self.drop_connection_but(key, Status::PeerFailed, true, Some(uid));
         }
         self.sync(Then::nothing());
     }
 
     pub(super) fn drop_connection(&mut self, key: ConnKey, status: Status, tell_peer: bool) {
+        self.drop_connection_but(key, status, tell_peer, None);
+    }
+
+    /// [`Self::drop_connection`], telling the end `silent` nothing.
+    fn drop_connection_but(
+        &mut self,
+        key: ConnKey,
+        status: Status,
+        tell_peer: bool,
+        silent: Option<Uid>,
+    ) {
         let Some(conn) = self.connections.remove(&key) else {
             return;
         };
         for end in [key.src, key.dst] {
-            if end.server() != self.config.server {
+            if end.server() != self.config.server || Some(end) == silent {
                 continue;
             }
             let Some(r) = self.resources.get(&end.device()) else {
                 continue;
             };
-            if r.kind == ResourceKind::Process {
+            // A device that keeps state per connection (a kernel's
+            // connection slots) hears of the end as a process does: its
+            // peer may be gone without a CLOSE in band (a session that
+            // ended). Relays keep none.
+            let told = match &r.kind {
+                ResourceKind::Process => true,
+                ResourceKind::Device { relay, .. } => !relay,
+                ResourceKind::Daemon => false,
+            };
+            if told {
                 // NOTIFY, whatever the status: its payload names the
                 // connection, so a process with many connections on one
                 // port (a server) ends only this one. (CLOSE carries no
