@@ -30,13 +30,21 @@
 //! `NoHandler`. Segment [`STATS_SEGMENT`] is read-only and holds what
 //! the target counted and the counter's total ([`HardwareStats`]).
 //!
-//! A connection's first frame must be the endpoint's `Hello` (its rank,
-//! and in `arg` its credit window); a frame before it is counted
-//! malformed and answered nothing. The rank in the `Hello` is what the
-//! ACL checks: the daemon's connection admission decides who may
-//! connect at all, the kernel does not see the caller's UID.
+//! A connection's first frame must be the endpoint's `Hello`: its rank,
+//! in `arg` its credit window, and as payload the group's members by
+//! rank ([`put_members`]). A frame before it is counted malformed and
+//! answered nothing. The daemon tells the kernel who each connection's
+//! caller is ([`Kernel::on_open`], from the overlay connection, not from
+//! anything the caller sends), and the `Hello` is refused (`Ready` with
+//! status `Denied`, counted) unless the caller is the member at the rank
+//! it claims, as a software endpoint checks its connectors. The first
+//! accepted `Hello` sets the group; while any connection it admitted
+//! lives, a `Hello` naming another group is refused, so one job's ranks
+//! cannot be claimed by a second. The rank is what the ACL checks; the
+//! daemon's connection admission still decides who may connect at all.
 
 use std::cell::{Cell, RefCell};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -46,10 +54,14 @@ use uniplane_pgas_core::target::{
     AmCall, HandlerId, Inbound, Refusal, Reply, Target, TargetCounters, HANDLER_COUNTER,
     HANDLER_NONE,
 };
-use uniplane_pgas_core::wire::{charge, Head, Kind, HEADER_LEN, MAX_FRAME};
+use uniplane_pgas_core::wire::{charge, parse_members, Head, Kind, HEADER_LEN, MAX_FRAME};
 
 use crate::library::{only, parsed_or, Params, Spec};
+use crate::wire::Caller;
 use crate::{Emit, Kernel};
+
+#[cfg(doc)]
+use uniplane_pgas_core::wire::put_members;
 
 /// The library entry.
 pub const SPEC: Spec = Spec {
@@ -285,8 +297,15 @@ struct Conn {
 /// The `pgas-target` kernel: see the module documentation.
 pub struct PgasTarget {
     target: DeviceTarget,
-    /// By kernel connection.
+    /// By kernel connection: its state once its `Hello` was accepted.
     conns: Vec<Option<Conn>>,
+    /// By kernel connection: its caller, as the daemon named it.
+    callers: Vec<Option<Caller>>,
+    /// The members (server, device) by rank of the group the accepted
+    /// connections belong to; `None` while none lives.
+    group: Option<Vec<(Ipv4Addr, u16)>>,
+    /// Connections whose `Hello` was accepted and that still live.
+    live: usize,
     /// Reused from frame to frame.
     replies: Vec<Reply>,
     scratch: BytesMut,
@@ -298,6 +317,9 @@ impl PgasTarget {
         PgasTarget {
             target: DeviceTarget::new(layout),
             conns: Vec::new(),
+            callers: Vec::new(),
+            group: None,
+            live: 0,
             replies: Vec::with_capacity(4),
             scratch: BytesMut::with_capacity(MAX_FRAME),
         }
@@ -308,17 +330,58 @@ impl PgasTarget {
         &self.target
     }
 
-    /// A connection's `Hello`: its state starts afresh (a kernel
-    /// connection slot may be reused by a new connection) and it is
-    /// answered `Ready`.
-    fn hello(&mut self, conn: u16, head: &Head, out: &mut dyn Emit) {
+    /// Forgets connection `conn`'s state (and the group once no
+    /// accepted connection is left).
+    fn drop_conn(&mut self, conn: u16) {
+        if let Some(slot) = self.conns.get_mut(usize::from(conn)) {
+            if slot.take().is_some() {
+                self.live -= 1;
+            }
+        }
+        if self.live == 0 {
+            self.group = None;
+        }
+    }
+
+    /// A connection's `Hello`: checked against its caller and the group
+    /// (refused with `Ready` carrying the reason, counted), its state
+    /// started afresh, answered `Ready`.
+    fn hello(&mut self, conn: u16, head: &Head, members: &[u8], out: &mut dyn Emit) {
+        self.drop_conn(conn);
+        let verdict = self.admit(conn, head, members);
+        self.scratch.clear();
+        Head {
+            status: verdict.err().map_or(0, Refusal::code),
+            ..Head::new(Kind::Ready)
+        }
+        .put(&mut self.scratch);
+        out.answer(conn, &self.scratch);
+    }
+
+    fn admit(&mut self, conn: u16, head: &Head, members: &[u8]) -> Result<(), Refusal> {
+        let refuse = |r: Refusal| {
+            self.target.counters.count_refused(r);
+            Err(r)
+        };
+        let Some(members) = parse_members(members) else {
+            return refuse(Refusal::Malformed);
+        };
+        let rank = head.len as usize;
+        let caller = self.callers.get(usize::from(conn)).copied().flatten();
+        let claimed = members.get(rank).copied();
+        if caller.is_none() || caller.map(|c| (c.server, c.device)) != claimed {
+            return refuse(Refusal::Denied);
+        }
+        if self.group.as_ref().is_some_and(|g| *g != members) {
+            return refuse(Refusal::Denied);
+        }
         let window = if head.arg == 0 {
             DEFAULT_CREDIT
         } else {
             head.arg
         };
         let state = Conn {
-            inbound: Inbound::new(head.len as usize, MAX_MEDIUM, self.target.counters.clone()),
+            inbound: Inbound::new(rank, MAX_MEDIUM, self.target.counters.clone()),
             owed: 0,
             threshold: usize::try_from(window / 4).unwrap_or(usize::MAX),
         };
@@ -327,9 +390,9 @@ impl PgasTarget {
             self.conns.resize_with(i + 1, || None);
         }
         self.conns[i] = Some(state);
-        self.scratch.clear();
-        Head::new(Kind::Ready).put(&mut self.scratch);
-        out.answer(conn, &self.scratch);
+        self.live += 1;
+        self.group = Some(members);
+        Ok(())
     }
 }
 
@@ -338,10 +401,26 @@ impl Kernel for PgasTarget {
         SPEC.name
     }
 
+    fn on_open(&mut self, conn: u16, caller: Caller) {
+        self.drop_conn(conn);
+        let i = usize::from(conn);
+        if self.callers.len() <= i {
+            self.callers.resize(i + 1, None);
+        }
+        self.callers[i] = Some(caller);
+    }
+
+    fn on_close(&mut self, conn: u16) {
+        self.drop_conn(conn);
+        if let Some(c) = self.callers.get_mut(usize::from(conn)) {
+            *c = None;
+        }
+    }
+
     fn on_message(&mut self, conn: u16, payload: &[u8], out: &mut dyn Emit) {
-        if let Ok((head, _)) = Head::parse(payload) {
+        if let Ok((head, members)) = Head::parse(payload) {
             if head.kind() == Some(Kind::Hello) {
-                self.hello(conn, &head, out);
+                self.hello(conn, &head, members, out);
                 return;
             }
         }
@@ -402,7 +481,24 @@ mod tests {
         b.to_vec()
     }
 
-    fn hello(rank: u32, window: u64) -> Vec<u8> {
+    /// Member `r` of the groups below: its server and device.
+    fn member(r: u16) -> (Ipv4Addr, u16) {
+        (Ipv4Addr::new(10, 0, 0, 1 + r as u8), 100 + r)
+    }
+
+    fn caller(r: u16) -> Caller {
+        let (server, device) = member(r);
+        Caller {
+            server,
+            device,
+            port: 4000,
+        }
+    }
+
+    /// A hello as `rank` of a group of `n` members.
+    fn hello_of(rank: u32, window: u64, n: u16) -> Vec<u8> {
+        let mut members = BytesMut::new();
+        uniplane_pgas_core::wire::put_members((0..n).map(member), &mut members);
         frame(
             Head {
                 len: rank,
@@ -410,8 +506,18 @@ mod tests {
                 ..Head::new(Kind::Hello)
             },
             &[],
-            &[],
+            &members,
         )
+    }
+
+    fn hello(rank: u32, window: u64) -> Vec<u8> {
+        hello_of(rank, window, 3)
+    }
+
+    /// Opens `conn` for member `rank` and says its hello.
+    fn greet(k: &mut PgasTarget, conn: u16, rank: u32, window: u64, out: &mut Collect) {
+        k.on_open(conn, caller(rank as u16));
+        k.on_message(conn, &hello(rank, window), out);
     }
 
     fn long(token: u32, segment: u16, offset: u64, data: &[u8]) -> Vec<u8> {
@@ -444,7 +550,7 @@ mod tests {
     fn a_hello_is_answered_ready_and_a_put_lands_counts_and_replies_with_credit() {
         let mut k = kernel(&[("segment_bytes", "64")]);
         let mut out = Collect::default();
-        k.on_message(3, &hello(1, 1 << 20), &mut out);
+        greet(&mut k, 3, 1, 1 << 20, &mut out);
         assert_eq!(reply(&out.0[0].1).0.kind(), Some(Kind::Ready));
         k.on_message(3, &long(9, 0, 60, b"abcd"), &mut out);
         let (h, _) = reply(&out.0[1].1);
@@ -461,7 +567,7 @@ mod tests {
     fn refusals_are_replied_counted_and_write_nothing() {
         let mut k = kernel(&[("segments", "2"), ("segment_bytes", "64"), ("acl", "rw,0")]);
         let mut out = Collect::default();
-        k.on_message(0, &hello(1, 0), &mut out);
+        greet(&mut k, 0, 1, 0, &mut out);
         k.on_message(0, &long(1, 0, 62, b"abcd"), &mut out); // past the end
         k.on_message(0, &long(2, 7, 0, b"abcd"), &mut out); // no segment 7
         k.on_message(0, &long(3, 1, 0, b"abcd"), &mut out); // rank 1 not in `0`
@@ -494,6 +600,73 @@ mod tests {
         );
     }
 
+    fn ready_status(out: &Collect) -> u8 {
+        let (h, _) = reply(&out.0.last().unwrap().1);
+        assert_eq!(h.kind(), Some(Kind::Ready));
+        h.status
+    }
+
+    #[test]
+    fn a_hello_must_come_from_the_member_at_its_rank() {
+        let mut k = kernel(&[]);
+        let mut out = Collect::default();
+        // No caller named by the daemon: refused.
+        k.on_message(0, &hello(0, 0), &mut out);
+        assert_eq!(ready_status(&out), Refusal::Denied.code());
+        // Member 2 claiming rank 1: refused, and its requests go nowhere.
+        k.on_open(1, caller(2));
+        k.on_message(1, &hello(1, 0), &mut out);
+        assert_eq!(ready_status(&out), Refusal::Denied.code());
+        let answered = out.0.len();
+        k.on_message(1, &long(7, 0, 0, b"evil"), &mut out);
+        assert_eq!(out.0.len(), answered, "a refused connection is not served");
+        assert!(k.target.memory.borrow().iter().all(|&b| b == 0));
+        // A hello whose members do not parse.
+        k.on_open(2, caller(0));
+        k.on_message(2, &frame(Head::new(Kind::Hello), &[], &[1, 2, 3]), &mut out);
+        assert_eq!(ready_status(&out), Refusal::Malformed.code());
+        let s = k.target.stats().target;
+        assert_eq!((s.denied, s.malformed), (2, 2));
+        // Member 2 as rank 2 is admitted.
+        k.on_message(1, &hello(2, 0), &mut out);
+        assert_eq!(ready_status(&out), 0);
+    }
+
+    #[test]
+    fn one_group_at_a_time_while_its_connections_live() {
+        let mut k = kernel(&[]);
+        let mut out = Collect::default();
+        greet(&mut k, 0, 0, 0, &mut out);
+        assert_eq!(ready_status(&out), 0);
+        // Another group (four members) while the first one's connection lives.
+        k.on_open(1, caller(1));
+        k.on_message(1, &hello_of(1, 0, 4), &mut out);
+        assert_eq!(ready_status(&out), Refusal::Denied.code());
+        // The same group is welcome.
+        k.on_message(1, &hello(1, 0), &mut out);
+        assert_eq!(ready_status(&out), 0);
+        // Once both closed, the next job's group is taken.
+        k.on_close(0);
+        k.on_close(1);
+        k.on_open(5, caller(3));
+        k.on_message(5, &hello_of(3, 0, 4), &mut out);
+        assert_eq!(ready_status(&out), 0);
+    }
+
+    #[test]
+    fn a_reused_connection_starts_without_the_old_ones_hello() {
+        let mut k = kernel(&[("segment_bytes", "64")]);
+        let mut out = Collect::default();
+        greet(&mut k, 4, 0, 0, &mut out);
+        // The daemon gives slot 4 to a new connection: it must say hello.
+        k.on_open(4, caller(1));
+        let answered = out.0.len();
+        k.on_message(4, &long(1, 0, 0, b"abcd"), &mut out);
+        assert_eq!(out.0.len(), answered);
+        assert_eq!(k.target.stats().target.malformed, 1);
+        assert!(k.target.memory.borrow().iter().all(|&b| b == 0));
+    }
+
     #[test]
     fn a_frame_before_the_hello_is_counted_and_not_answered() {
         let mut k = kernel(&[]);
@@ -507,7 +680,7 @@ mod tests {
     fn async_puts_give_credit_back_on_their_own_at_a_quarter_of_the_window() {
         let mut k = kernel(&[("segment_bytes", "65536")]);
         let mut out = Collect::default();
-        k.on_message(0, &hello(0, 256 * 1024), &mut out);
+        greet(&mut k, 0, 0, 256 * 1024, &mut out);
         let mut put = long(1, 0, 0, &[7; 16_400]);
         put[1] = FLAG_ASYNC;
         for _ in 0..4 {
@@ -526,7 +699,7 @@ mod tests {
     fn the_statistics_segment_reads_what_was_counted() {
         let mut k = kernel(&[]);
         let mut out = Collect::default();
-        k.on_message(0, &hello(0, 0), &mut out);
+        greet(&mut k, 0, 0, 0, &mut out);
         k.on_message(0, &long(1, 3, 0, b"x"), &mut out);
         let get = frame(
             Head {

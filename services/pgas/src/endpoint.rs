@@ -16,7 +16,7 @@ use uniplane_dataplane::{Endpoint as PortAddr, LinkError, Message, Uid};
 
 use crate::segment::{SegmentMemory, Width};
 use crate::target::{Inbound, Reply, TargetCounters, MAX_GET};
-use crate::wire::{charge, Head, Kind, Shape, FLAG_ASYNC, HEADER_LEN, MAX_FRAME};
+use crate::wire::{self, charge, Head, Kind, Shape, FLAG_ASYNC, HEADER_LEN, MAX_FRAME};
 use crate::{
     Acl, AtomicOp, Group, Handler, HandlerId, PgasError, Progress, Refusal, Segment, SegmentId,
     SoftTarget, Target, TargetStats, FIRST_USER_HANDLER, HANDLER_COUNTER, HANDLER_NONE,
@@ -318,16 +318,33 @@ impl Endpoint {
             ));
         }
         let deadline = tokio::time::Instant::now() + self.inner.options.join_timeout;
-        let dial = |member: Uid, class: u8| {
+        if group.len() > wire::MAX_MEMBERS && group.software_ranks().count() < group.len() {
+            return Err(PgasError::Invalid(format!(
+                "a group with hardware ranks has at most {} members",
+                wire::MAX_MEMBERS
+            )));
+        }
+        let dial = |member: Uid, class: u8, hardware: Option<usize>| {
             let inner = self.inner.clone();
-            async move { inner.dial(member, class, rank, deadline).await }
+            let group = &group;
+            async move {
+                inner
+                    .dial(
+                        member,
+                        class,
+                        rank,
+                        deadline,
+                        hardware.map(|to| (to, group)),
+                    )
+                    .await
+            }
         };
         let mut peers = Vec::with_capacity(group.len());
         let mut answers = Vec::new();
         for r in 0..group.len() {
             let member = group.uid(r).ok_or(PgasError::NoRank(r))?;
             let (data, control) = if group.is_hardware(r) {
-                let conn = dial(member, DATA_CLASS).await?;
+                let conn = dial(member, DATA_CLASS, Some(r)).await?;
                 let (local, remote) = (conn.local(), conn.remote());
                 let (sink, stream) = conn.split();
                 answers.push((r, stream));
@@ -339,8 +356,8 @@ impl Endpoint {
                 };
                 (data, None)
             } else {
-                let data = dial(member, DATA_CLASS).await;
-                let control = dial(member, CONTROL_CLASS).await;
+                let data = dial(member, DATA_CLASS, None).await;
+                let control = dial(member, CONTROL_CLASS, None).await;
                 (DataConn::Soft(data?), Some(AsyncMutex::new(control?)))
             };
             peers.push(Peer {
@@ -912,12 +929,16 @@ impl Inner {
 
     /// Connects to `member` in `class` and names this endpoint, retrying
     /// while the member is not listening yet.
+    /// Connects to `member` for `class` and says hello as `rank`. To a
+    /// hardware rank (`to`, of `group`) the hello also names the group's
+    /// members, which the kernel checks the connection's caller against.
     async fn dial(
         &self,
         member: Uid,
         class: u8,
         rank: usize,
         deadline: tokio::time::Instant,
+        hardware: Option<(usize, &Group)>,
     ) -> Result<Connection, PgasError> {
         let ep = member.port(self.options.port);
         let mut conn = loop {
@@ -946,11 +967,24 @@ impl Inner {
             ..Head::new(Kind::Hello)
         }
         .put(&mut hello);
+        if let Some((_, group)) = hardware {
+            let members = (0..group.len()).filter_map(|r| group.uid(r));
+            wire::put_members(members.map(|u| (u.server(), u.device())), &mut hello);
+        }
         conn.send_bytes(hello.freeze())
             .await
             .map_err(|_| PgasError::Closed(rank))?;
         match tokio::time::timeout_at(deadline, conn.recv()).await {
-            Ok(Some(Ok(m))) if is_kind(m.payload(), Kind::Ready) => Ok(conn),
+            Ok(Some(Ok(m))) if is_kind(m.payload(), Kind::Ready) => {
+                let status = Head::parse(m.payload()).map_or(0, |(h, _)| h.status);
+                match (Refusal::from_code(status), hardware) {
+                    (None, _) => Ok(conn),
+                    (Some(refusal), Some((to, _))) => Err(PgasError::Refused { rank: to, refusal }),
+                    (Some(_), None) => Err(PgasError::Invalid(format!(
+                        "{member} did not answer as a PGAS endpoint"
+                    ))),
+                }
+            }
             Ok(Some(Ok(_))) => Err(PgasError::Invalid(format!(
                 "{member} did not answer as a PGAS endpoint"
             ))),

@@ -367,3 +367,73 @@ fn a_bad_pgas_target_parameter_is_refused_when_the_file_is_read_naming_the_devic
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_endpoint_outside_the_kernels_group_is_refused_and_writes_nothing() {
+    let s = setup("impostor").await;
+    let session = Client::connect(s.daemon.runtime_dir())
+        .await
+        .unwrap()
+        .attach("impostor")
+        .await
+        .unwrap();
+    let impostor = Endpoint::bind(session, Options::default()).await.unwrap();
+    // The group with the impostor in rank 0's place: the kernel knows the
+    // caller of each connection from the daemon, and the group it serves.
+    let kernel = Uid::new(Ipv4Addr::LOCALHOST, DEVICE);
+    let forged = Group::new(vec![impostor.uid(), s.eps[1].uid(), kernel]).with_hardware([HW]);
+    let refused = within("the impostor's join", impostor.join(forged)).await;
+    assert!(
+        matches!(
+            refused,
+            Err(PgasError::Refused {
+                rank: HW,
+                refusal: Refusal::Denied
+            })
+        ),
+        "{refused:?}"
+    );
+    // The members are still served, and nothing was written.
+    let a = &s.eps[0];
+    let seg = within("get", a.get(HW, 0, 0, 64)).await.unwrap();
+    assert!(seg.iter().all(|&b| b == 0));
+    assert_eq!(stats(a).await.target.denied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_next_job_gets_the_kernel_once_the_last_ones_connections_closed() {
+    let mut s = setup("next-job").await;
+    let kernel = Uid::new(Ipv4Addr::LOCALHOST, DEVICE);
+    s.eps[0]
+        .long(HW, 0, 0, b"job one", Call::NONE, Completion::Reply)
+        .await
+        .unwrap();
+    within("quiet", s.eps[0].quiet()).await.unwrap();
+    // The first job ends: its connections close, and the daemon tells the
+    // kernel so (a connection's Close), which then forgets the group.
+    s.eps.clear();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let next = loop {
+        let session = Client::connect(s.daemon.runtime_dir())
+            .await
+            .unwrap()
+            .attach("job-two")
+            .await
+            .unwrap();
+        let ep = Endpoint::bind(session, Options::default()).await.unwrap();
+        let group = Group::new(vec![ep.uid(), kernel]).with_hardware([1]);
+        match within("join", ep.join(group)).await {
+            Ok(()) => break ep,
+            Err(PgasError::Refused {
+                refusal: Refusal::Denied,
+                ..
+            }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the next job was not admitted: {e}"),
+        }
+    };
+    // The kernel's memory outlives the job, as a device's does.
+    let got = within("get", next.get(1, 0, 0, 7)).await.unwrap();
+    assert_eq!(&got[..], b"job one");
+}

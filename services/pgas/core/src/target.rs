@@ -171,7 +171,9 @@ pub struct TargetStats {
 }
 
 impl TargetCounters {
-    fn refuse(&self, r: Refusal) {
+    /// Counts a refusal: under `malformed` for [`Refusal::Malformed`],
+    /// else under its reason.
+    pub fn count_refused(&self, r: Refusal) {
         if r == Refusal::Malformed {
             self.malformed.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -295,7 +297,7 @@ impl Inbound {
         let (head, rest) = match Head::parse(frame) {
             Ok(x) => x,
             Err(_) => {
-                self.counters.refuse(Refusal::Malformed);
+                self.counters.count_refused(Refusal::Malformed);
                 self.abandon(out);
                 return;
             }
@@ -307,7 +309,7 @@ impl Inbound {
         // A new message while one is still coming: the old one was cut.
         self.abandon(out);
         if let Err(r) = self.start(target, head, rest, out) {
-            self.counters.refuse(r);
+            self.counters.count_refused(r);
             let remaining = u64::from(head.len).saturating_sub(rest.len() as u64);
             if remaining > 0 && is_multi_frame(&head) {
                 self.partial = Some(Partial::Discarding { remaining });
@@ -320,7 +322,7 @@ impl Inbound {
     fn abandon(&mut self, out: &mut Vec<Reply>) {
         match self.partial.take() {
             Some(Partial::Landing { head, .. }) | Some(Partial::Gathering { head, .. }) => {
-                self.counters.refuse(Refusal::Malformed);
+                self.counters.count_refused(Refusal::Malformed);
                 out.push(reply(&head, Some(Refusal::Malformed)));
             }
             Some(Partial::Discarding { .. }) | None => {}
@@ -438,7 +440,7 @@ impl Inbound {
     fn continue_with(&mut self, target: &dyn Target, data: &[u8], out: &mut Vec<Reply>) {
         let Some(mut state) = self.partial.take() else {
             // A continuation without a message.
-            self.counters.refuse(Refusal::Malformed);
+            self.counters.count_refused(Refusal::Malformed);
             return;
         };
         let result = match &mut state {
@@ -465,7 +467,7 @@ impl Inbound {
             Partial::Discarding { .. } => return,
         };
         if let Err(r) = result.and_then(|()| self.finish_or_keep(target, state, out)) {
-            self.counters.refuse(r);
+            self.counters.count_refused(r);
             out.push(reply(&head, Some(r)));
         }
     }

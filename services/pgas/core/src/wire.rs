@@ -21,6 +21,8 @@
 //! descriptor, an unknown kind, or a descriptor that contradicts `len` is
 //! a [`WireError`].
 
+use std::net::Ipv4Addr;
+
 use bytes::{BufMut, BytesMut};
 
 /// Bytes of the fixed header.
@@ -42,8 +44,46 @@ pub fn charge(len: usize) -> usize {
 /// Most entries of a vectored long message (its descriptor must fit the
 /// first frame).
 pub const MAX_VECTOR: usize = 4096;
+
 /// Bytes of one vector entry in the descriptor (offset u64, length u32).
 const VECTOR_ENTRY: usize = 12;
+
+/// Most members a `Hello` to a hardware rank names (its payload: the
+/// group, [`put_members`]).
+pub const MAX_MEMBERS: usize = 4096;
+
+/// Bytes a member takes in a `Hello`'s payload.
+pub const MEMBER_BYTES: usize = 6;
+
+/// Appends `members` (server IPv4, device; by rank) as a `Hello` to a
+/// hardware rank carries them: 6 bytes each, the device little-endian.
+/// A hardware rank checks the connection's caller, as the daemon names
+/// it, against the member at the rank the `Hello` claims.
+pub fn put_members(members: impl IntoIterator<Item = (Ipv4Addr, u16)>, buf: &mut BytesMut) {
+    for (server, device) in members {
+        buf.extend_from_slice(&server.octets());
+        buf.extend_from_slice(&device.to_le_bytes());
+    }
+}
+
+/// The members in a `Hello`'s payload: `None` when it is not a whole
+/// number of members, or none, or more than [`MAX_MEMBERS`].
+pub fn parse_members(b: &[u8]) -> Option<Vec<(Ipv4Addr, u16)>> {
+    let n = b.len() / MEMBER_BYTES;
+    if !b.len().is_multiple_of(MEMBER_BYTES) || n == 0 || n > MAX_MEMBERS {
+        return None;
+    }
+    Some(
+        b.chunks_exact(MEMBER_BYTES)
+            .map(|m| {
+                (
+                    Ipv4Addr::new(m[0], m[1], m[2], m[3]),
+                    u16::from_le_bytes([m[4], m[5]]),
+                )
+            })
+            .collect(),
+    )
+}
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -485,6 +525,25 @@ mod tests {
             parse_shape(&h, &b),
             Err(WireError::BadDescriptor(_))
         ));
+    }
+
+    #[test]
+    fn a_hellos_members_round_trip_and_bad_lists_are_refused() {
+        let members: Vec<(Ipv4Addr, u16)> = (0..5u16)
+            .map(|i| (Ipv4Addr::new(10, 0, i as u8, 1), 0xff00 | i))
+            .collect();
+        let mut b = BytesMut::new();
+        put_members(members.iter().copied(), &mut b);
+        assert_eq!(b.len(), 5 * MEMBER_BYTES);
+        assert_eq!(parse_members(&b), Some(members));
+        assert_eq!(parse_members(&b[..b.len() - 1]), None, "a cut member");
+        assert_eq!(parse_members(&[]), None, "no members");
+        let too_many = vec![0u8; (MAX_MEMBERS + 1) * MEMBER_BYTES];
+        assert_eq!(parse_members(&too_many), None);
+        assert_eq!(
+            parse_members(&too_many[MEMBER_BYTES..]).map(|m| m.len()),
+            Some(MAX_MEMBERS)
+        );
     }
 
     #[test]
