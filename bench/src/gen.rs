@@ -1,6 +1,19 @@
 //! The packet generator: a sender paced by a [`Pacer`] and a receiver that
 //! reads each message's [`Stamp`] for one-way latency, loss and
-//! reordering, on two OS threads over any [`Stack`].
+//! reordering, over any [`Stack`]: on two OS threads, or, for a slow
+//! paced flow, as two tasks of one thread ([`Threads`]).
+//!
+//! Why one thread for a slow flow: at 2,000 messages a second the
+//! process's CPU is its wake-ups, and two threads cost two a message (the
+//! sender's timer and the receiver's link). On one thread the receiver
+//! is a task beside the sender's on its current-thread runtime: the
+//! sender yields after each send, the receiver takes what arrived in the
+//! same wake-up (the mem link woke its task; a socket's readiness comes
+//! from the runtime's poll of its reactor, which a yield makes without
+//! sleeping), and the thread sleeps once until the next departure. The
+//! receiver reads the clock as soon as the sender yields, so a message's
+//! latency is still from its intended departure to its arrival, without
+//! the receiver thread's wake-up in it.
 //!
 //! The hot loops neither allocate nor lock per message. The sender takes
 //! payloads from one large preallocated buffer (`split_to`, a reference
@@ -15,12 +28,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use uniplane_dataplane::wire::{Header, HEADER_LEN};
-use uniplane_dataplane::{BoxLink, BoxListener, LinkExt, Message, Stack};
+use uniplane_dataplane::{BoxLink, BoxListener, LinkExt, Locator, Message, Stack};
 
 use crate::args::{Pattern, Rate};
 use crate::clock::{Clock, MonotonicClock};
@@ -63,6 +77,70 @@ impl Stop {
     }
 }
 
+/// Below this many messages a second a paced run puts its receiver on the
+/// sender's thread ([`Threads::Auto`]). At that rate the gap (50 us) is
+/// still longer than the sender's spin before a departure and its timer's
+/// lateness together, so the sender sleeps before most departures (on the
+/// 2-vCPU development VM 0.9 sleeps a message at 10 kpps, 0.7 at 20 kpps,
+/// none at 50 kpps) and a receiver thread adds a wake-up to each. Above,
+/// the one thread would be a third of a core busy or more: a second core
+/// keeps the receiver's batches off the sender's departures, and the
+/// figures of fast runs stay those of two threads. `--threads shared`
+/// asks for one thread at any rate.
+pub const SHARED_BELOW_PPS: f64 = 20_000.0;
+
+/// Where the receiver runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Threads {
+    /// Chosen by the rule of [`Threads::resolve`].
+    #[default]
+    Auto,
+    /// Sender and receiver each on its own OS thread with its own
+    /// current-thread runtime.
+    Split,
+    /// Both on one OS thread, two tasks of one current-thread runtime: the
+    /// sender yields after each send and the receiver takes the arrivals
+    /// in the same wake-up.
+    Shared,
+}
+
+impl Threads {
+    /// The mode a run at `pps` messages a second (`None`: unpaced) takes:
+    /// `Auto` is `Shared` for a paced rate below [`SHARED_BELOW_PPS`]
+    /// without busy polling, `Split` otherwise; an explicit mode is kept.
+    /// A busy-polling receiver needs its own thread (it would spin on the
+    /// sender's): `Shared` with `busy_poll` is refused.
+    pub fn resolve(self, pps: Option<f64>, busy_poll: bool) -> Result<Threads, BenchError> {
+        match self {
+            Threads::Auto => Ok(match pps {
+                Some(p) if p < SHARED_BELOW_PPS && !busy_poll => Threads::Shared,
+                _ => Threads::Split,
+            }),
+            Threads::Shared if busy_poll => Err(BenchError::Config(
+                "a busy-polling receiver needs its own thread: --busy-poll does not go with --threads shared".into(),
+            )),
+            mode => Ok(mode),
+        }
+    }
+
+    /// The name reports give the mode (`auto`, `split`, `shared`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Threads::Auto => "auto",
+            Threads::Split => "split",
+            Threads::Shared => "shared",
+        }
+    }
+
+    /// How the sides run in this mode, as reports state it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Threads::Shared => "sender and receiver on one OS thread, two tasks of one current-thread tokio runtime (the receiver takes arrivals in the sender's wake-up)",
+            _ => crate::engine::THREADING,
+        }
+    }
+}
+
 /// What one generator run sends.
 #[derive(Clone, Debug)]
 pub struct GenConfig {
@@ -88,6 +166,22 @@ pub struct GenConfig {
     pub drain: Duration,
     /// Seconds between samples.
     pub interval: Duration,
+    /// Where the receiver runs.
+    pub threads: Threads,
+}
+
+impl GenConfig {
+    /// The messages a second this configuration paces at (`None`:
+    /// unpaced), by the mean encoded size of its mix.
+    pub fn pps(&self) -> Option<f64> {
+        self.rate.pps(HEADER_LEN as f64 + self.sizes.mean())
+    }
+
+    /// Where this run's receiver runs: [`Threads::resolve`] of its mode
+    /// at its rate.
+    pub fn resolved_threads(&self) -> Result<Threads, BenchError> {
+        self.threads.resolve(self.pps(), self.busy_poll)
+    }
 }
 
 impl Default for GenConfig {
@@ -104,6 +198,7 @@ impl Default for GenConfig {
             busy_poll: false,
             drain: Duration::from_millis(200),
             interval: Duration::from_secs(1),
+            threads: Threads::Auto,
         }
     }
 }
@@ -137,6 +232,9 @@ pub struct GenRun {
     pub latency: LatencyHistogram,
     /// Per-second samples.
     pub samples: Vec<Sample>,
+    /// Where the receiver ran (`Split` or `Shared`; `Auto` only in a
+    /// default value).
+    pub threads: Threads,
 }
 
 fn per_s(n: f64, s: f64) -> f64 {
@@ -162,6 +260,9 @@ impl GenRun {
         self.tx_seconds += other.tx_seconds;
         self.rx_seconds += other.rx_seconds;
         self.warmup_sent += other.warmup_sent;
+        if self.threads == Threads::Auto {
+            self.threads = other.threads;
+        }
         self.latency.merge(&other.latency);
         self.samples.extend(other.samples.iter().cloned());
     }
@@ -251,13 +352,14 @@ pub fn check(stack: &dyn Stack, cfg: &GenConfig) -> Result<(), BenchError> {
             "seconds must be positive, not {s}"
         ))),
         Stop::Count(0) => Err(BenchError::Config("count must be at least 1".into())),
-        _ => Ok(()),
+        _ => cfg.resolved_threads().map(|_| ()),
     }
 }
 
 /// Runs the generator over `stack`: a receiver listening at `at.listen`, a
-/// sender connecting to `at.connect`, each on its own thread; this thread
-/// watches and hands `observer` a sample each second.
+/// sender connecting to `at.connect`, each on its own thread or both on
+/// one ([`GenConfig::resolved_threads`]); this thread watches and hands
+/// `observer` a sample each second.
 pub fn run_gen(
     stack: Arc<dyn Stack>,
     at: &Endpoints,
@@ -265,48 +367,63 @@ pub fn run_gen(
     observer: &mut dyn Observer,
 ) -> Result<GenRun, BenchError> {
     check(&*stack, cfg)?;
+    let threads = cfg.resolved_threads()?;
     let reliable = stack.capabilities().reliable;
     let clock = MonotonicClock::new();
     let meter = Arc::new(Meter::default());
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let (ready_tx, ready_rx) = mpsc::sync_channel::<()>(1);
+    let (listen, connect) = (at.listen.clone(), at.connect.clone());
 
-    let rx = {
-        let (stack, meter, cfg, listen) =
-            (stack.clone(), meter.clone(), cfg.clone(), at.listen.clone());
-        spawn_worker("receiver", done_tx.clone(), move || async move {
-            let listener = match stack.listen(&listen).await {
-                Ok(l) => l,
-                Err(e) => {
+    let workers = if threads == Threads::Shared {
+        let (meter, cfg) = (meter.clone(), cfg.clone());
+        Workers::Shared(spawn_worker(
+            "sender+receiver",
+            done_tx,
+            move || async move {
+                let local = tokio::task::LocalSet::new();
+                let both = one_thread(stack, listen, connect, cfg, reliable, clock, meter);
+                Ok(local.run_until(both).await)
+            },
+        )?)
+    } else {
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<()>(1);
+        let rx = {
+            let (stack, meter, cfg) = (stack.clone(), meter.clone(), cfg.clone());
+            spawn_worker("receiver", done_tx.clone(), move || async move {
+                let listener = match stack.listen(&listen).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        meter.abort.store(true, Ordering::Relaxed);
+                        return Err(e.into());
+                    }
+                };
+                let _ = ready_tx.send(());
+                let r = receive(listener, &listen, &cfg, clock, &meter).await;
+                if r.is_err() {
                     meter.abort.store(true, Ordering::Relaxed);
-                    return Err(e.into());
                 }
-            };
-            let _ = ready_tx.send(());
-            let r = receive(listener, &listen, &cfg, clock, &meter).await;
-            if r.is_err() {
-                meter.abort.store(true, Ordering::Relaxed);
-            }
-            r
-        })?
-    };
-    let tx = {
-        let (stack, meter, cfg, connect) = (stack, meter.clone(), cfg.clone(), at.connect.clone());
-        spawn_worker("sender", done_tx, move || async move {
-            let r = async {
-                ready_rx
-                    .recv()
-                    .map_err(|_| BenchError::SideGone("receiver"))?;
-                let link = stack.connect(&connect).await?;
-                send(link, &cfg, reliable, clock, &meter).await
-            }
-            .await;
-            if r.is_err() {
-                meter.abort.store(true, Ordering::Relaxed);
-            }
-            meter.sender_done.store(true, Ordering::Release);
-            r
-        })?
+                r
+            })?
+        };
+        let tx = {
+            let (meter, cfg) = (meter.clone(), cfg.clone());
+            spawn_worker("sender", done_tx, move || async move {
+                let r = async {
+                    ready_rx
+                        .recv()
+                        .map_err(|_| BenchError::SideGone("receiver"))?;
+                    let link = stack.connect(&connect).await?;
+                    send(link, &cfg, reliable, false, clock, &meter).await
+                }
+                .await;
+                if r.is_err() {
+                    meter.abort.store(true, Ordering::Relaxed);
+                }
+                meter.sender_done.store(true, Ordering::Release);
+                r
+            })?
+        };
+        Workers::Split { rx, tx }
     };
     let samples = watch(
         &meter,
@@ -316,8 +433,10 @@ pub fn run_gen(
         cfg.stop.plan(),
         observer,
     );
-    let received = join("receiver", rx);
-    let sent = join("sender", tx);
+    let (received, sent) = match workers {
+        Workers::Split { rx, tx } => (join("receiver", rx), join("sender", tx)),
+        Workers::Shared(both) => join("sender+receiver", both)?,
+    };
     // The receiver's error explains a sender's `SideGone` or `Closed`.
     let r = received?;
     let s = sent?;
@@ -336,7 +455,63 @@ pub fn run_gen(
         warmup_sent: s.warmup_sent,
         latency: r.latency,
         samples,
+        threads,
     })
+}
+
+/// Both sides on this thread (inside a `LocalSet`): the receiver a task
+/// beside the sender's, which runs whenever the sender yields.
+async fn one_thread(
+    stack: Arc<dyn Stack>,
+    listen: Locator,
+    connect: Locator,
+    cfg: GenConfig,
+    reliable: bool,
+    clock: MonotonicClock,
+    meter: Arc<Meter>,
+) -> Sides {
+    let listener = match stack.listen(&listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            meter.abort.store(true, Ordering::Relaxed);
+            return (Err(e.into()), Err(BenchError::SideGone("receiver")));
+        }
+    };
+    let rx = tokio::task::spawn_local({
+        let (meter, cfg) = (meter.clone(), cfg.clone());
+        async move {
+            let r = receive(listener, &listen, &cfg, clock, &meter).await;
+            if r.is_err() {
+                meter.abort.store(true, Ordering::Relaxed);
+            }
+            r
+        }
+    });
+    let s = async {
+        let link = stack.connect(&connect).await?;
+        send(link, &cfg, reliable, true, clock, &meter).await
+    }
+    .await;
+    if s.is_err() {
+        meter.abort.store(true, Ordering::Relaxed);
+    }
+    meter.sender_done.store(true, Ordering::Release);
+    let r = rx.await.unwrap_or(Err(BenchError::Panicked("receiver")));
+    (r, s)
+}
+
+/// What each side returns.
+type Sides = (Result<Received, BenchError>, Result<Sent, BenchError>);
+
+/// The threads of one run.
+enum Workers {
+    /// Receiver and sender on their own threads.
+    Split {
+        rx: JoinHandle<Result<Received, BenchError>>,
+        tx: JoinHandle<Result<Sent, BenchError>>,
+    },
+    /// Both on one.
+    Shared(JoinHandle<Result<Sides, BenchError>>),
 }
 
 struct Sent {
@@ -379,15 +554,19 @@ const MAX_WAIT_NS: u64 = 50_000_000;
 /// for the receiver to get everything.
 const RELIABLE_LINGER: Duration = Duration::from_secs(2);
 
+/// The sender's loop. `shared`: the receiver is a task on this thread's
+/// runtime, and the sender yields to it after each send, so it reads
+/// what arrived at once (and, unpaced, is not starved).
 async fn send(
     mut link: BoxLink,
     cfg: &GenConfig,
     reliable: bool,
+    shared: bool,
     clock: MonotonicClock,
     meter: &Meter,
 ) -> Result<Sent, BenchError> {
     let mut sizes = cfg.sizes.clone();
-    let pps = cfg.rate.pps(HEADER_LEN as f64 + sizes.mean());
+    let pps = cfg.pps();
     let mut pacer = Pacer::new(clock, pps, cfg.pattern, cfg.seed);
     let mut sleeper = Sleeper::new()?;
     let headers: Vec<Header> = (0..cfg.flows).map(flow_header).collect();
@@ -476,6 +655,12 @@ async fn send(
         } else {
             out.warmup_sent += n as u64;
         }
+        if shared {
+            // The receiver's turn: it takes what just arrived in this
+            // wake-up (a socket's readiness comes with the runtime's
+            // poll of its reactor between the yield and our next turn).
+            tokio::task::yield_now().await;
+        }
     }
     out.end_ns = clock.now_ns();
     if !measuring {
@@ -520,7 +705,7 @@ const IDLE_CHECK: Duration = Duration::from_millis(50);
 
 async fn receive(
     mut listener: BoxListener,
-    at: &uniplane_dataplane::Locator,
+    at: &Locator,
     cfg: &GenConfig,
     clock: MonotonicClock,
     meter: &Meter,
@@ -731,6 +916,109 @@ mod tests {
             check(&*stack, &cfg),
             Err(BenchError::TooLargeForStack { .. })
         ));
+    }
+
+    #[test]
+    fn auto_puts_only_a_slow_paced_receiver_on_the_senders_thread() {
+        let auto = Threads::Auto;
+        assert_eq!(auto.resolve(Some(2_000.0), false).unwrap(), Threads::Shared);
+        assert_eq!(
+            auto.resolve(Some(SHARED_BELOW_PPS - 1.0), false).unwrap(),
+            Threads::Shared
+        );
+        assert_eq!(
+            auto.resolve(Some(SHARED_BELOW_PPS), false).unwrap(),
+            Threads::Split
+        );
+        assert_eq!(auto.resolve(None, false).unwrap(), Threads::Split);
+        // A busy-polling receiver keeps its own thread.
+        assert_eq!(auto.resolve(Some(2_000.0), true).unwrap(), Threads::Split);
+        // An explicit mode is kept, whatever the rate.
+        assert_eq!(
+            Threads::Split.resolve(Some(2_000.0), false).unwrap(),
+            Threads::Split
+        );
+        assert_eq!(
+            Threads::Shared.resolve(None, false).unwrap(),
+            Threads::Shared
+        );
+        assert!(matches!(
+            Threads::Shared.resolve(Some(2_000.0), true),
+            Err(BenchError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn a_bit_rate_is_judged_by_its_messages_a_second() {
+        // 10 Mbit/s of 96-byte messages is 13,021 messages a second: shared.
+        let cfg = GenConfig {
+            rate: Rate::Bps(10e6),
+            ..GenConfig::default()
+        };
+        assert_eq!(cfg.resolved_threads().unwrap(), Threads::Shared);
+        let faster = GenConfig {
+            rate: Rate::Bps(100e6),
+            ..cfg
+        };
+        assert_eq!(faster.resolved_threads().unwrap(), Threads::Split);
+    }
+
+    #[test]
+    fn a_slow_paced_run_shares_a_thread_and_counts_every_message() {
+        let r = run(GenConfig {
+            rate: Rate::Pps(5_000.0),
+            stop: Stop::Count(500),
+            warmup: Duration::from_millis(10),
+            flows: 3,
+            ..GenConfig::default()
+        });
+        assert_eq!(r.threads, Threads::Shared);
+        assert!(r.warmup_sent > 0);
+        assert_eq!((r.sent, r.received), (500, 500));
+        assert_eq!((r.lost, r.reordered, r.bad_stamps, r.errors), (0, 0, 0, 0));
+        assert_eq!(r.latency.len(), 500);
+        assert!(!r.samples.is_empty(), "the watcher sampled the run");
+    }
+
+    #[test]
+    fn a_shared_run_over_udp_counts_every_datagram() {
+        let stack = open_stack("udp").unwrap();
+        let at = default_endpoints("udp").unwrap();
+        let cfg = GenConfig {
+            rate: Rate::Pps(5_000.0),
+            stop: Stop::Count(300),
+            warmup: Duration::ZERO,
+            ..GenConfig::default()
+        };
+        let r = run_gen(stack, &at, &cfg, &mut Quiet).unwrap();
+        assert_eq!(r.threads, Threads::Shared);
+        assert_eq!((r.sent, r.received, r.lost), (300, 300, 0));
+        assert_eq!(r.latency.len(), 300);
+    }
+
+    #[test]
+    fn an_unpaced_shared_run_does_not_starve_its_receiver() {
+        // The sender yields after each batch: the receiver keeps up even
+        // with no gaps between departures.
+        let r = run(GenConfig {
+            threads: Threads::Shared,
+            stop: Stop::Count(20_000),
+            warmup: Duration::ZERO,
+            ..GenConfig::default()
+        });
+        assert_eq!(r.threads, Threads::Shared);
+        assert_eq!((r.sent, r.received, r.lost), (20_000, 20_000, 0));
+    }
+
+    #[test]
+    fn a_fast_or_unpaced_run_keeps_two_threads() {
+        let r = run(GenConfig {
+            stop: Stop::Count(1_000),
+            warmup: Duration::ZERO,
+            ..GenConfig::default()
+        });
+        assert_eq!(r.threads, Threads::Split);
+        assert_eq!(r.received, 1_000);
     }
 
     #[test]

@@ -46,7 +46,10 @@
 //!   one JSON file and one SVG summary.
 //!
 //! Sender and receiver run on separate OS threads, each with its own
-//! current-thread runtime ([`engine`]), so figures are per core and honest.
+//! current-thread runtime ([`engine`]), so figures are per core and honest;
+//! only a slow paced `gen` (below [`gen::SHARED_BELOW_PPS`], or
+//! `--threads shared`) runs both as tasks of one thread, which saves a
+//! wake-up a message ([`gen::Threads`]).
 
 #![deny(missing_docs)]
 

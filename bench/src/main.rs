@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use uniplane_bench::args::{parse_size, Pattern, Rate, SizeSweep};
 use uniplane_bench::engine::{Observer, Progress, Sample, L1_OVERHEAD, THREADING};
-use uniplane_bench::gen::{loss_probability, run_gen, GenConfig, GenRun, Stop};
+use uniplane_bench::gen::{loss_probability, run_gen, GenConfig, GenRun, Stop, Threads};
 use uniplane_bench::hist::Percentiles;
 use uniplane_bench::peer::{self, Iperf3Udp, Peer, Round, Workload};
 use uniplane_bench::plot::{self, Chart};
@@ -536,6 +536,28 @@ enum PlotKind {
     Sweep,
 }
 
+/// `gen --threads`: where the receiver runs.
+#[derive(Clone, Copy, ValueEnum)]
+enum ThreadsArg {
+    /// On the sender's thread for a paced rate below 20 kpps (without
+    /// --busy-poll), on its own thread otherwise.
+    Auto,
+    /// Sender and receiver each on its own OS thread.
+    Split,
+    /// Sender and receiver as two tasks of one OS thread.
+    Shared,
+}
+
+impl From<ThreadsArg> for Threads {
+    fn from(a: ThreadsArg) -> Threads {
+        match a {
+            ThreadsArg::Auto => Threads::Auto,
+            ThreadsArg::Split => Threads::Split,
+            ThreadsArg::Shared => Threads::Shared,
+        }
+    }
+}
+
 #[derive(Args)]
 struct GenArgs {
     #[command(flatten)]
@@ -571,6 +593,11 @@ struct GenArgs {
     /// Busy-poll the receiver instead of parking it.
     #[arg(long)]
     busy_poll: bool,
+    /// Where the receiver runs: auto (on the sender's thread for a paced
+    /// rate below 20 kpps, which saves a wake-up per message), split (its
+    /// own thread), shared (the sender's thread).
+    #[arg(long, value_enum, default_value = "auto")]
+    threads: ThreadsArg,
     /// Draw a chart into this .svg or .png file.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -884,7 +911,7 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
     } else {
         vec![SizeMix::fixed(a.size.unwrap_or(64))]
     };
-    let base = GenConfig {
+    let mut base = GenConfig {
         sizes: mixes[0].clone(),
         rate: a.rate,
         pattern: a.pattern,
@@ -894,17 +921,26 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
         batch: a.batch,
         seed: a.seed,
         busy_poll: a.busy_poll,
+        threads: a.threads.into(),
         ..GenConfig::default()
     };
+    // One mode for every run of the invocation: shared only where each
+    // size's rate (a bit rate differs in messages by size) takes it.
+    let mut all_shared = true;
     for mix in &mixes {
-        uniplane_bench::gen::check(
-            &*stack,
-            &GenConfig {
-                sizes: mix.clone(),
-                ..base.clone()
-            },
-        )?;
+        let cfg = GenConfig {
+            sizes: mix.clone(),
+            ..base.clone()
+        };
+        uniplane_bench::gen::check(&*stack, &cfg)?;
+        all_shared &= cfg.resolved_threads()? == Threads::Shared;
     }
+    let asked = base.threads;
+    base.threads = if all_shared {
+        Threads::Shared
+    } else {
+        Threads::Split
+    };
     let label_of = |mix: &SizeMix| {
         if mix.label() == "imix" {
             "imix".to_owned()
@@ -1016,7 +1052,9 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
         batch: a.batch,
         seed: a.seed,
         busy_poll: a.busy_poll,
-        threads: THREADING,
+        threads: base.threads.describe(),
+        threading: base.threads.name(),
+        threading_asked: asked.name(),
         l1_overhead_bytes: L1_OVERHEAD,
         loss: a.loss,
     };
@@ -1056,7 +1094,11 @@ fn gen(cli: &Cli, a: &GenArgs) -> Result<(), BenchError> {
     if let (Some((without, senders)), Some(p)) = (&lossless, a.loss) {
         print_loss_comparison(p, without, &results, senders);
     }
-    println!("  ({THREADING})");
+    println!(
+        "  (threads {}: {})",
+        base.threads.name(),
+        base.threads.describe()
+    );
 
     if let Some(path) = &a.plot {
         let kind = match a.plot_kind {

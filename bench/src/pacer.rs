@@ -278,6 +278,10 @@ impl Sleeper {
                 )
             };
             if n == 8 {
+                // The timer is one-shot and now read: forget its readiness,
+                // or the next sleep would first read it in vain (a syscall
+                // a departure).
+                guard.clear_ready();
                 return Ok(());
             }
             let e = io::Error::last_os_error();

@@ -166,6 +166,11 @@ pub struct GenParams {
     pub busy_poll: bool,
     /// How the sides run.
     pub threads: &'static str,
+    /// Where the receiver ran: `split` (its own thread) or `shared` (the
+    /// sender's).
+    pub threading: &'static str,
+    /// What `--threads` asked: `auto`, `split` or `shared`.
+    pub threading_asked: &'static str,
     /// Bytes added per message for L1 figures.
     pub l1_overhead_bytes: u64,
     /// `--loss`: percent of the datagrams each LTL endpoint received that

@@ -109,6 +109,43 @@ fn a_paced_run_with_flows_and_a_pattern_completes() {
 }
 
 #[test]
+fn the_report_says_where_the_receiver_ran() {
+    let threading = |args: &[&str]| {
+        let mut all = vec![
+            "gen", "--count", "300", "--warmup", "0", "--json", "--quiet",
+        ];
+        all.extend_from_slice(args);
+        let v = last_json(&bench(&all));
+        assert_eq!(count(&v, "results.received"), 300, "{args:?}");
+        assert_eq!(count(&v, "results.lost"), 0, "{args:?}");
+        (
+            string(&v, "params.threading").to_owned(),
+            string(&v, "params.threading_asked").to_owned(),
+        )
+    };
+    // Below 20 kpps a paced receiver rides the sender's thread.
+    assert_eq!(
+        threading(&["--rate", "5kpps"]),
+        ("shared".into(), "auto".into())
+    );
+    // Unpaced, or at 20 kpps and more, each side has its own.
+    assert_eq!(threading(&[]), ("split".into(), "auto".into()));
+    assert_eq!(
+        threading(&["--rate", "50kpps"]),
+        ("split".into(), "auto".into())
+    );
+    // A mode asked for is the mode that runs.
+    assert_eq!(
+        threading(&["--rate", "5kpps", "--threads", "split"]),
+        ("split".into(), "split".into())
+    );
+    assert_eq!(
+        threading(&["--threads", "shared"]),
+        ("shared".into(), "shared".into())
+    );
+}
+
+#[test]
 fn bad_arguments_fail_with_clear_errors() {
     fails_with(&["gen", "--size", "8"], "generator stamp");
     fails_with(&["gen", "--size", "70000"], "largest overlay payload");
@@ -119,6 +156,11 @@ fn bad_arguments_fail_with_clear_errors() {
     fails_with(&["gen", "--size", "64", "--imix"], "cannot be used with");
     fails_with(&["gen", "--stack", "carrier-pigeon"], "unknown stack");
     fails_with(&["gen", "--flows", "0", "--count", "1"], "flows must be");
+    fails_with(
+        &["gen", "--threads", "shared", "--busy-poll", "--count", "1"],
+        "needs its own thread",
+    );
+    fails_with(&["gen", "--threads", "three"], "auto, split, shared");
     fails_with(
         &["gen", "--stack", "udp", "--size", "2000", "--count", "1"],
         "more than stack",
