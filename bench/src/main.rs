@@ -296,8 +296,9 @@ struct PgasArgs {
     /// window: one-sided WRITEs into a window, completed.
     #[arg(long, default_value = "put", value_parser = ["short", "put", "get", "atomic", "put-quiet", "window"])]
     op: String,
-    /// shm: both endpoints on one daemon (the only stack so far).
-    #[arg(long, default_value = "shm", value_parser = ["shm"])]
+    /// shm: both ranks on one daemon; tcp, ltl, udp: rank 1 on a second
+    /// daemon, the two peered over a tunnel of that stack on loopback.
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp", "ltl", "udp"])]
     stack: String,
     /// Rank 1: software (a second session's endpoint) or hardware (a
     /// `pgas-target` kernel device; short, get, atomic, put-quiet).
@@ -2208,6 +2209,7 @@ fn collectives(cli: &Cli, a: &CollectivesArgs) -> Result<(), BenchError> {
 fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
     use uniplane_bench::path::WaitMode;
     use uniplane_bench::pgas::{parse_sizes, run_pgas, PgasConfig, PgasOp, PgasTarget};
+    use uniplane_bench::tunnel::TunnelStack;
     let sizes = parse_sizes(&a.sizes).map_err(|e| BenchError::Config(format!("--sizes: {e}")))?;
     let cfg = PgasConfig {
         op: match a.op.as_str() {
@@ -2231,6 +2233,7 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
         } else {
             PgasTarget::Software
         },
+        tunnel: TunnelStack::ALL.into_iter().find(|t| t.name() == a.stack),
     };
     let ticker = Ticker::start(cli, "pgas", None);
     let r = run_pgas(&cfg)?;

@@ -33,7 +33,10 @@
 //!
 //! The daemon is a `uniplaned` process started here (the one next to this
 //! program); each rank runs on its own OS thread with a current-thread
-//! tokio runtime. The OpenSHMEM program is compiled here with `oshcc` and
+//! tokio runtime. With `--stack tcp|ltl|udp` rank 1 (software or
+//! hardware) is on a second `uniplaned`, the two peered over a tunnel of
+//! that stack on loopback (as `tunnel` starts them): the placement across
+//! servers. The OpenSHMEM program is compiled here with `oshcc` and
 //! run with `oshrun --mca osc ^rdma --oversubscribe -n 2` (without the
 //! `osc` exclusion every program segfaults in `shmem_finalize`); where
 //! either tool is missing, its column is null.
@@ -53,6 +56,7 @@ use uniplane_pgas::{Acl, AtomicOp, Call, Completion, Endpoint, Group, Options, W
 
 use crate::hist::LatencyHistogram;
 use crate::path::{runtime, scratch_dir, sibling_binary, DaemonProcess, PlaneKind, WaitMode};
+use crate::tunnel::{DaemonPair, TunnelStack, SERVER_B};
 use crate::BenchError;
 
 /// The operation measured.
@@ -119,6 +123,33 @@ impl PgasTarget {
 /// The device number of the hardware rank's kernel.
 const KERNEL_DEVICE: u16 = 2;
 
+/// The daemons a run starts, kept until it ends.
+enum Daemons {
+    /// Both ranks on one daemon (`--stack shm`).
+    One(DaemonProcess),
+    /// Rank 0 on the first, rank 1 on the second, peered over a tunnel.
+    Pair(DaemonPair),
+}
+
+impl Daemons {
+    /// Rank 0's daemon's runtime directory, rank 1's, and the UID a
+    /// hardware rank 1 has.
+    fn places(&self) -> (&Path, &Path, Uid) {
+        match self {
+            Daemons::One(d) => (
+                d.runtime_dir(),
+                d.runtime_dir(),
+                Uid::new(Ipv4Addr::LOCALHOST, KERNEL_DEVICE),
+            ),
+            Daemons::Pair(p) => (
+                p.a.runtime_dir(),
+                p.b.runtime_dir(),
+                Uid::new(SERVER_B, KERNEL_DEVICE),
+            ),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct PgasConfig {
@@ -134,6 +165,9 @@ pub struct PgasConfig {
     pub openshmem: bool,
     /// What rank 1 is.
     pub target: PgasTarget,
+    /// `None`: both ranks on one daemon, over shared memory; else rank 1
+    /// on a second daemon, its peer over a tunnel of this stack.
+    pub tunnel: Option<TunnelStack>,
 }
 
 /// The largest size `--sizes` takes.
@@ -178,23 +212,26 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
             sibling_binary("uniplaned").ok_or_else(|| err("no uniplaned next to this program"))?
         }
     };
-    let (uniplane, rtt) = match cfg.target {
-        PgasTarget::Software => {
-            let daemon = DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?;
-            measure_uniplane(cfg, daemon.runtime_dir(), &sizes, max)?
-        }
-        PgasTarget::Hardware => {
-            if !cfg.op.answered() {
-                return Err(err(format!(
-                    "--op {} needs rank 1 to send or to have a window: a hardware rank (a kernel) only answers; use short, get, atomic or put-quiet",
-                    cfg.op.name()
-                )));
-            }
-            let daemon = hardware_daemon(&binary, cfg.wait, max)?;
-            measure_uniplane(cfg, daemon.runtime_dir(), &sizes, max)?
-        }
+    let hardware = cfg.target == PgasTarget::Hardware;
+    if hardware && !cfg.op.answered() {
+        return Err(err(format!(
+            "--op {} needs rank 1 to send or to have a window: a hardware rank (a kernel) only answers; use short, get, atomic or put-quiet",
+            cfg.op.name()
+        )));
+    }
+    let kernel = if hardware {
+        kernel_device(cfg.wait, max)
+    } else {
+        String::new()
     };
-    // Each arm's daemon stops at the end of its arm, before the OpenSHMEM side runs.
+    let daemons = match cfg.tunnel {
+        None if hardware => Daemons::One(hardware_daemon(&binary, cfg.wait, &kernel)?),
+        None => Daemons::One(DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?),
+        Some(stack) => Daemons::Pair(DaemonPair::start_with(&binary, stack, &kernel)?),
+    };
+    let (uniplane, rtt) = measure_uniplane(cfg, daemons.places(), &sizes, max)?;
+    // The daemons stop before the OpenSHMEM side runs.
+    drop(daemons);
     let shmem = if cfg.openshmem {
         match measure_openshmem(cfg.op, &sizes) {
             Ok(v) => Some(v),
@@ -217,7 +254,8 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
             })
         })
         .collect();
-    let mut out = json!({ "op": cfg.op.name(), "target": cfg.target.name(), "points": points });
+    let stack = cfg.tunnel.map_or("shm", TunnelStack::name);
+    let mut out = json!({ "op": cfg.op.name(), "target": cfg.target.name(), "stack": stack, "points": points });
     if cfg.op == PgasOp::Short {
         out["rtt_ns"] = json!({
             "p50": rtt.quantile(0.5),
@@ -228,22 +266,37 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
     Ok(out)
 }
 
-/// A daemon with a `pgas-target` kernel (one segment of `max` bytes,
-/// waiting as the sessions do) as device [`KERNEL_DEVICE`].
-fn hardware_daemon(binary: &Path, wait: WaitMode, max: usize) -> Result<DaemonProcess, BenchError> {
+/// The `pgas-target` kernel of a hardware rank 1: device
+/// [`KERNEL_DEVICE`], one segment of `max` bytes, its thread waiting as
+/// the sessions do.
+fn kernel_device(wait: WaitMode, max: usize) -> String {
+    let kernel_wait = match wait {
+        WaitMode::Busy => "busy",
+        WaitMode::Park => "park",
+    };
+    format!(
+        "\n[[devices]]\nname = \"pgas-rank1\"\nkind = \"kernel\"\ndevice = {KERNEL_DEVICE}\n\
+         backend = \"emulated\"\nfunction = \"pgas-target\"\nwait = \"{kernel_wait}\"\n\
+         params = {{ segments = 1, segment_bytes = {max} }}\n"
+    )
+}
+
+/// One daemon with `kernel` (a `[[devices]]` table) among its devices.
+fn hardware_daemon(
+    binary: &Path,
+    wait: WaitMode,
+    kernel: &str,
+) -> Result<DaemonProcess, BenchError> {
     let dir = scratch_dir("pgas")?;
-    let (mode, kernel_wait) = match wait {
-        WaitMode::Busy => ("busy-poll", "busy"),
-        WaitMode::Park => ("spin-then-park", "park"),
+    let mode = match wait {
+        WaitMode::Busy => "busy-poll",
+        WaitMode::Park => "spin-then-park",
     };
     let text = format!(
         "[server]\nid = \"127.0.0.1\"\nname = \"bench\"\npeer_listen = \"127.0.0.1:0\"\n\n\
          [runtime]\ndir = \"{}\"\n\n\
          [engine]\nmax_ports = 8\nring_depth = 1024\nmode = \"{mode}\"\n\n\
-         [[devices]]\nname = \"pgas-rank1\"\nkind = \"kernel\"\ndevice = {KERNEL_DEVICE}\n\
-         backend = \"emulated\"\nfunction = \"pgas-target\"\nwait = \"{kernel_wait}\"\n\
-         params = {{ segments = 1, segment_bytes = {max} }}\n\n\
-         [policy]\ndefault = \"allow-local\"\n",
+         [policy]\ndefault = \"allow-local\"\n{kernel}",
         dir.display()
     );
     DaemonProcess::spawn(binary, dir, &text, &[])
@@ -280,7 +333,7 @@ async fn endpoint(dir: &Path, name: &str, wait: WaitMode, max: usize) -> Result<
 /// Medians in µs per size, and the histogram of the last size (ns).
 fn measure_uniplane(
     cfg: &PgasConfig,
-    dir: &Path,
+    (dir, dir1, kernel): (&Path, &Path, Uid),
     sizes: &[usize],
     max: usize,
 ) -> Result<(Vec<f64>, LatencyHistogram), BenchError> {
@@ -289,14 +342,12 @@ fn measure_uniplane(
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let op = cfg.op;
     let wait = cfg.wait;
-    let dir1 = dir.to_owned();
+    let dir1 = dir1.to_owned();
     let sizes1 = sizes.to_vec();
     let hardware = cfg.target == PgasTarget::Hardware;
     if hardware {
         // The kernel is rank 1: no second session.
-        uid_tx
-            .send(Uid::new(Ipv4Addr::LOCALHOST, KERNEL_DEVICE))
-            .map_err(err)?;
+        uid_tx.send(kernel).map_err(err)?;
     }
     let responder = (!hardware).then(|| {
         std::thread::spawn(move || -> Result<(), String> {

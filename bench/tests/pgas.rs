@@ -123,3 +123,42 @@ fn pgas_refuses_what_a_hardware_rank_cannot_do() {
         fails_with(&hardware_args(op, "8", &daemon), "only answers");
     }
 }
+
+#[test]
+fn pgas_across_two_daemons_runs_over_each_tunnel_stack() {
+    let Some(daemon) = uniplaned() else {
+        return;
+    };
+    let daemon = daemon.display().to_string();
+    for (stack, target, op, sizes) in [
+        ("tcp", "software", "put", "8,4K"),
+        ("ltl", "hardware", "get", "8,64K"),
+        ("udp", "software", "atomic", "8"),
+    ] {
+        let v = last_json(&bench(&[
+            "pgas",
+            "--op",
+            op,
+            "--stack",
+            stack,
+            "--target",
+            target,
+            "--sizes",
+            sizes,
+            "--uniplaned",
+            &daemon,
+            "--no-openshmem",
+            "--json",
+        ]));
+        assert_eq!(string(&v, "results.stack"), stack);
+        assert_eq!(string(&v, "results.target"), target);
+        let points = v
+            .pointer("/results/points")
+            .and_then(|p| p.as_array())
+            .unwrap();
+        assert!(!points.is_empty());
+        for p in points {
+            assert!(p["uniplane_us"].as_f64().unwrap() > 0.0, "{stack}: {p}");
+        }
+    }
+}
