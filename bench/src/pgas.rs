@@ -120,6 +120,10 @@ impl PgasTarget {
     }
 }
 
+/// `UCX_TLS` of the OpenSHMEM side when uniplane's ranks talk through a
+/// tunnel: TCP between the PEs, as the issue's "OpenSHMEM over TCP".
+const OPENSHMEM_TCP: &str = "tcp,self";
+
 /// The device number of the hardware rank's kernel.
 const KERNEL_DEVICE: u16 = 2;
 
@@ -233,7 +237,7 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
     // The daemons stop before the OpenSHMEM side runs.
     drop(daemons);
     let shmem = if cfg.openshmem {
-        match measure_openshmem(cfg.op, &sizes) {
+        match measure_openshmem(cfg.op, &sizes, cfg.tunnel.is_some()) {
             Ok(v) => Some(v),
             Err(e) => {
                 eprintln!("OpenSHMEM side not run: {e}");
@@ -255,7 +259,18 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
         })
         .collect();
     let stack = cfg.tunnel.map_or("shm", TunnelStack::name);
-    let mut out = json!({ "op": cfg.op.name(), "target": cfg.target.name(), "stack": stack, "points": points });
+    let openshmem_transport = if cfg.tunnel.is_some() {
+        format!("UCX_TLS={OPENSHMEM_TCP}")
+    } else {
+        "UCX's default (shared memory between the two PEs)".into()
+    };
+    let mut out = json!({
+        "op": cfg.op.name(),
+        "target": cfg.target.name(),
+        "stack": stack,
+        "openshmem_transport": openshmem_transport,
+        "points": points,
+    });
     if cfg.op == PgasOp::Short {
         out["rtt_ns"] = json!({
             "p50": rtt.quantile(0.5),
@@ -558,7 +573,7 @@ int main(int argc, char **argv) {
 "#;
 
 /// Medians in µs per size from the OpenSHMEM program.
-fn measure_openshmem(op: PgasOp, sizes: &[usize]) -> Result<Vec<f64>, String> {
+fn measure_openshmem(op: PgasOp, sizes: &[usize], over_tcp: bool) -> Result<Vec<f64>, String> {
     if op == PgasOp::Short {
         return Err("OpenSHMEM has no active messages".into());
     }
@@ -580,15 +595,19 @@ fn measure_openshmem(op: PgasOp, sizes: &[usize]) -> Result<Vec<f64>, String> {
                 String::from_utf8_lossy(&cc.stderr)
             ));
         }
-        let out = Command::new("oshrun")
-            .args(["--mca", "osc", "^rdma", "--oversubscribe", "-n", "2"])
+        let mut run = Command::new("oshrun");
+        run.args(["--mca", "osc", "^rdma", "--oversubscribe", "-n", "2"])
             .arg(&prog)
             .arg(op.name())
             .args(sizes.iter().map(|s| s.to_string()))
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .output()
-            .map_err(|e| format!("oshrun: {e}"))?;
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        if over_tcp {
+            // OpenSHMEM's UCX layer over TCP sockets only: the peer of a
+            // run whose ranks talk through a tunnel.
+            run.env("UCX_TLS", OPENSHMEM_TCP);
+        }
+        let out = run.output().map_err(|e| format!("oshrun: {e}"))?;
         if !out.status.success() {
             return Err(format!(
                 "oshrun failed: {}",
