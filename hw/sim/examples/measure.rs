@@ -147,6 +147,7 @@ fn main() {
     println!("|---|---|---|---|");
     latency(Model::N4);
     latency(Model::N8);
+    latency(Model::N4Islip);
 
     println!("\n## Byte shares of output 0, every input backlogged (40 000 cycles)\n");
     println!("| policy | payload per input | ideal | measured | max error |");
