@@ -188,4 +188,22 @@ fn main() {
         &[0.0, 0.75, 0.25, 0.0],
         "strict: class 0 {1:w3, 2:w1} over class 1",
     );
+    // The iSLIP crossbar: each output's grant is its own scheduler's.
+    shares(
+        Model::N4Islip,
+        Policy::Weighted(vec![1, 1, 2, 4]),
+        &[64, 1500, 512, 200],
+        &[0.125, 0.125, 0.25, 0.5],
+        "N4Islip: DRR 1:1:2:4, mixed sizes",
+    );
+    shares(
+        Model::N4Islip,
+        Policy::StrictPriority {
+            class: vec![1, 0, 0, 1],
+            weights: vec![1, 3, 1, 1],
+        },
+        &[200, 200, 200, 200],
+        &[0.0, 0.75, 0.25, 0.0],
+        "N4Islip: strict: class 0 {1:w3, 2:w1} over class 1",
+    );
 }
