@@ -12,6 +12,11 @@
 //! head-of-line blocking caps it at 0.655 (N = 4) and 0.618 (N = 8) of
 //! the line rate (Karol, Hluchyj and Morgan, 1987): what virtual output
 //! queues exist to beat.
+//!
+//! Two crossbars: the default reads every input's buffer through a port
+//! per output and needs no matching; `Model::N4Islip` reads it through
+//! one port and matches inputs to outputs (iSLIP-style) a message at a
+//! time, and reports how close that comes.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -36,7 +41,8 @@ pub enum HwPattern {
 /// What a `hw` run measures.
 #[derive(Clone, Debug)]
 pub struct HwBench {
-    /// 4 or 8 ports.
+    /// 4 or 8 ports, and the crossbar (a read port per output, or one
+    /// per input with iSLIP matching).
     pub model: Model,
     /// Where the traffic goes.
     pub pattern: HwPattern,
@@ -163,6 +169,14 @@ pub fn run_hw(cfg: &HwBench, observer: &mut dyn Observer) -> Result<Value, Bench
     };
     Ok(json!({
         "ports": n,
+        "crossbar": match cfg.model.match_iterations() {
+            None => json!({ "matching": "none", "read_ports_per_input": n }),
+            Some(iterations) => json!({
+                "matching": "islip",
+                "iterations": iterations,
+                "read_ports_per_input": 1,
+            }),
+        },
         "cycles": window,
         "warmup_cycles": WARMUP,
         "beats_per_message": (32 + cfg.size).div_ceil(32),

@@ -252,6 +252,11 @@ struct HwArgs {
     /// The model: 4 or 8 ports.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(4..=8))]
     ports: u32,
+    /// The crossbar: ports (a read port per output in every input's
+    /// buffer, no matching) or islip (one read port per input, iSLIP-style
+    /// matching; built for 4 ports).
+    #[arg(long, default_value = "ports", value_parser = ["ports", "islip"])]
+    crossbar: String,
     /// Measured clock cycles (after 2,000 of warm-up).
     #[arg(long, default_value_t = 20_000)]
     cycles: u64,
@@ -2585,10 +2590,16 @@ fn hw(_: &Cli, _: &HwArgs) -> Result<(), BenchError> {
 fn hw(cli: &Cli, a: &HwArgs) -> Result<(), BenchError> {
     use uniplane_bench::hw::{run_hw, HwBench, HwPattern};
     use uniplane_hw_sim::Model;
-    let model = match a.ports {
-        4 => Model::N4,
-        8 => Model::N8,
-        other => {
+    let model = match (a.ports, a.crossbar.as_str()) {
+        (4, "islip") => Model::N4Islip,
+        (4, _) => Model::N4,
+        (8, "ports") => Model::N8,
+        (8, _) => {
+            return Err(BenchError::Config(
+                "--crossbar islip: the RTL with iSLIP matching is built with 4 ports".into(),
+            ))
+        }
+        (other, _) => {
             return Err(BenchError::Config(format!(
                 "--ports {other}: the RTL is built with 4 or 8"
             )))
@@ -2615,8 +2626,14 @@ fn hw(cli: &Cli, a: &HwArgs) -> Result<(), BenchError> {
         .filter_map(Value::as_f64)
         .collect();
     println!(
-        "hw {} with {} ports, {} B payloads ({} beats each), {} cycles after {} of warm-up:",
-        a.pattern, a.ports, a.size, r["beats_per_message"], r["cycles"], r["warmup_cycles"]
+        "hw {} with {} ports ({} crossbar), {} B payloads ({} beats each), {} cycles after {} of warm-up:",
+        a.pattern,
+        a.ports,
+        a.crossbar,
+        a.size,
+        r["beats_per_message"],
+        r["cycles"],
+        r["warmup_cycles"]
     );
     println!(
         "  beats per cycle per output: {}",

@@ -36,7 +36,10 @@ module uniplane_top #(
     parameter S         = 4,      // underlay filter source patterns
     parameter D         = 8,      // underlay demux rules
     parameter UDEPTH    = 32,     // beats per underlay input FIFO
-    parameter QUANTUM   = 1536    // DRR bytes per round for weight 1
+    parameter QUANTUM   = 1536,   // DRR bytes per round for weight 1
+    parameter MATCH     = 0,      // crossbar: 0 a read port per output, 1 iSLIP matching
+    parameter ITER      = 1,      // MATCH = 1: matching iterations per cycle
+    parameter PATIENCE  = 16      // MATCH = 1: matches passing over a busy input before reserving it
 ) (
     input  wire               clk,
     input  wire               rst,
@@ -107,6 +110,9 @@ localparam integer PAGE_TR_I = N + 1;
 localparam integer PAGE_UL_I = N + 2;
 localparam [7:0] PAGE_TR = PAGE_TR_I[7:0];
 localparam [7:0] PAGE_UL = PAGE_UL_I[7:0];
+// The crossbar's kind: bits 7:0 MATCH, bits 15:8 iterations (0 without matching).
+localparam integer CROSSBAR_I = MATCH == 0 ? 0 : (1 + 256 * ITER);
+localparam [31:0] CROSSBAR = CROSSBAR_I[31:0];
 
 // ---------------------------------------------------------- register bus
 wire        reg_wr_en, reg_rd_en;
@@ -189,7 +195,10 @@ up_translator #(.N(N), .T(T), .PW(PW)) translator (
 wire [N*IW-1:0] x_src;
 /* verilator lint_on UNUSEDSIGNAL */
 
-up_crossbar #(.N(N), .DEPTH(VOQ_DEPTH), .POOL(VOQ_POOL), .LW(LW), .WW(WW), .QUANTUM(QUANTUM)) crossbar (
+up_crossbar #(
+    .N(N), .DEPTH(VOQ_DEPTH), .POOL(VOQ_POOL), .LW(LW), .WW(WW), .QUANTUM(QUANTUM),
+    .MATCH(MATCH), .ITER(ITER), .PATIENCE(PATIENCE)
+) crossbar (
     .clk(clk), .rst(rst),
     .s_tdata(c_tdata), .s_tvalid(c_tvalid), .s_tready(c_tready),
     .s_tfirst(c_tfirst), .s_tlast(c_tlast), .s_tlen(c_tlen), .s_tdest(c_tdest),
@@ -244,6 +253,7 @@ always @* begin
             12'h038: reg_rd_data = D;
             12'h03c: reg_rd_data = DF;
             12'h040: reg_rd_data = VOQ_POOL;
+            12'h044: reg_rd_data = CROSSBAR;
             default: reg_rd_data = 32'd0;
         endcase
     end else if ({24'd0, rd_page} <= N) begin

@@ -68,6 +68,7 @@ up_sched #(
     .cfg_class(cfg_class),
     .cfg_load(cfg_load),
     .decide(!busy_reg && enable),
+    .accept(1'b1),
     .pick(pick),
     .pick_idx(pick_idx)
 );

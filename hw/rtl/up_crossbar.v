@@ -18,6 +18,18 @@
 // take no more beats only lowers the input's ready. Every port moves one
 // beat per cycle.
 //
+// MATCH = 1 builds the crossbar with one read port per input buffer
+// instead (one copy of an input's memory on an FPGA rather than N): an
+// up_match matches free inputs to free outputs each cycle (iSLIP-style,
+// ITER iterations, each output's grant made by its own up_sched under its
+// policy), a match holds until its message's last beat has left, and each
+// output reads its matched input's port. The matcher sees every queue's
+// head through up_voq_buf's per-queue head registers (valid and length),
+// not through the data port. An output's scheduler then decides among
+// the inputs that are free, not among all backlogged ones, so only the
+// per-(input, output) order is the engine's (docs/hw.md, Equivalence).
+// A message's first beat leaves the cycle after its match.
+//
 // s_tdest selects the output of the beats on input i; s_tlen carries the
 // message's length in bytes on its first beat.
 `resetall
@@ -30,7 +42,10 @@ module up_crossbar #(
     parameter POOL    = 768,   // further beats per input, shared by its N queues
     parameter LW      = 17,
     parameter WW      = 32,
-    parameter QUANTUM = 1536
+    parameter QUANTUM = 1536,
+    parameter MATCH   = 0,     // 0: a read port per output; 1: one per input, iSLIP matching
+    parameter ITER    = 1,     // MATCH = 1: matching iterations per cycle
+    parameter PATIENCE = 16    // MATCH = 1: see up_match
 ) (
     input  wire                      clk,
     input  wire                      rst,
@@ -60,16 +75,19 @@ module up_crossbar #(
 localparam IW = $clog2(N);
 localparam QW = 256 + LW + 2;
 
-// Queue (i, o) is element i*N + o.
-wire [N*N*QW-1:0] q_data;
-wire [N*N-1:0]    q_valid;
-wire [N*N-1:0]    q_ready;
-
 genvar i, o;
 generate
+if (MATCH == 0) begin : port_per_output
+    // Queue (i, o) is element i*N + o.
+    wire [N*N*QW-1:0] q_data;
+    wire [N*N-1:0]    q_valid;
+    wire [N*N-1:0]    q_ready;
+
     for (i = 0; i < N; i = i + 1) begin : in_gen
         /* verilator lint_off UNUSEDSIGNAL */
         wire [$clog2(N*DEPTH+POOL):0] count;
+        wire [N-1:0] h_valid;
+        wire [N-1:0] h_len;
         /* verilator lint_on UNUSEDSIGNAL */
         up_voq_buf #(.N(N), .W(QW), .RES(DEPTH), .POOL(POOL)) voqs (
             .clk(clk), .rst(rst),
@@ -80,6 +98,9 @@ generate
             .m_data(q_data[i*N*QW +: N*QW]),
             .m_valid(q_valid[i*N +: N]),
             .m_ready(q_ready[i*N +: N]),
+            .m_sel({IW{1'b0}}),
+            .h_valid(h_valid),
+            .h_len(h_len),
             .count(count)
         );
     end
@@ -110,6 +131,73 @@ generate
             .cfg_load(cfg_load[o])
         );
     end
+end else begin : matched
+    // Input i's one read port (queue i_out[i], its matched output).
+    wire [N*QW-1:0]   r_data;
+    wire [N-1:0]      r_valid;
+    wire [N-1:0]      r_ready;
+    // Queue heads after this cycle's read, i*N + o.
+    wire [N*N-1:0]    h_valid;
+    wire [N*N*LW-1:0] h_len;
+    // The matching.
+    wire [N-1:0]      o_busy, i_busy;
+    wire [N*IW-1:0]   o_in, i_out;
+    wire [N-1:0]      done;
+    wire [N-1:0]      out_ready;
+
+    for (i = 0; i < N; i = i + 1) begin : in_gen
+        /* verilator lint_off UNUSEDSIGNAL */
+        wire [$clog2(N*DEPTH+POOL):0] count;
+        wire [N-1:0] q_valid;
+        /* verilator lint_on UNUSEDSIGNAL */
+        wire [IW-1:0] sel = i_out[i*IW +: IW];
+        assign r_valid[i] = i_busy[i] && q_valid[sel];
+        assign r_ready[i] = i_busy[i] && out_ready[sel];
+        up_voq_buf #(.N(N), .W(QW), .RES(DEPTH), .POOL(POOL), .ONE_PORT(1), .HW(LW)) voqs (
+            .clk(clk), .rst(rst),
+            .s_data({s_tlen[i*LW +: LW], s_tfirst[i], s_tlast[i], s_tdata[i*256 +: 256]}),
+            .s_dest(s_tdest[i*IW +: IW]),
+            .s_valid(s_tvalid[i]),
+            .s_ready(s_tready[i]),
+            .m_data(r_data[i*QW +: QW]),
+            .m_valid(q_valid),
+            .m_ready({N{r_ready[i]}}),
+            .m_sel(sel),
+            .h_valid(h_valid[i*N +: N]),
+            .h_len(h_len[i*N*LW +: N*LW]),
+            .count(count)
+        );
+    end
+
+    up_match #(
+        .N(N), .ITER(ITER), .LW(LW), .WW(WW), .QUANTUM(QUANTUM), .PATIENCE(PATIENCE)
+    ) match (
+        .clk(clk), .rst(rst),
+        .req(h_valid), .len(h_len),
+        .enable(~cfg_pause), .done(done),
+        .cfg_drr(cfg_drr), .cfg_weight(cfg_weight), .cfg_class(cfg_class), .cfg_load(cfg_load),
+        .o_busy(o_busy), .o_in(o_in), .i_busy(i_busy), .i_out(i_out)
+    );
+
+    for (o = 0; o < N; o = o + 1) begin : out_gen
+        wire [IW-1:0] src = o_in[o*IW +: IW];
+        wire [QW-1:0] beat = r_data[src*QW +: QW];
+        wire          valid = o_busy[o] && r_valid[src];
+        /* verilator lint_off UNUSEDSIGNAL */
+        wire [LW-1:0] out_len;
+        /* verilator lint_on UNUSEDSIGNAL */
+        assign done[o] = valid && out_ready[o] && beat[256];
+        up_skid #(.W(QW + IW)) out_skid (
+            .clk(clk), .rst(rst),
+            .s_data({src, beat}),
+            .s_valid(valid),
+            .s_ready(out_ready[o]),
+            .m_data({m_tsrc[o*IW +: IW], out_len, m_tfirst[o], m_tlast[o], m_tdata[o*256 +: 256]}),
+            .m_valid(m_tvalid[o]),
+            .m_ready(m_tready[o])
+        );
+    end
+end
 endgenerate
 
 endmodule

@@ -22,6 +22,11 @@
 //
 // State changes only when `decide` is high and some queue is backlogged:
 // the software scheduler is likewise only asked when there is backlog.
+// A pick changes it only with `accept` high: a caller that may be refused
+// the queue it picked (the crossbar's matcher, where another output may
+// take the same input in the same cycle) holds `accept` low and the
+// scheduler decides again next time as if it had not been asked; callers
+// that always take the pick tie it high.
 `resetall
 `timescale 1ns / 1ps
 `default_nettype none
@@ -45,6 +50,7 @@ module up_sched #(
     input  wire                    cfg_load,   // new policy: forget pointers and credit
 
     input  wire                    decide,     // caller is between messages and may start one
+    input  wire                    accept,     // the pick is taken (state moves on a pick only then)
     output reg                     pick,       // queue pick_idx starts a message now
     output reg  [$clog2(N)-1:0]    pick_idx
 );
@@ -182,7 +188,7 @@ always @* begin
 end
 
 always @(posedge clk) begin
-    if (decide && |req) begin
+    if (decide && |req && (accept || !pick)) begin
         if (!cfg_drr) begin
             rr_next_reg <= succ(pick_idx);
         end else begin

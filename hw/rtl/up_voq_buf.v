@@ -22,6 +22,18 @@
 // independently). A beat written in one cycle is readable in the next, as
 // in up_fifo. The lowest free slot is allocated; a slot read is free the
 // next cycle.
+//
+// ONE_PORT = 1 keeps one read port (one copy of the memory on an FPGA
+// instead of N): m_data is one beat wide and carries the head of queue
+// m_sel; m_valid[q] still says whether queue q holds a beat, and only
+// m_ready[m_sel] reads. For a matcher that must see every queue without
+// reading it, h_valid[q] and h_len[q] say whether queue q will hold a
+// beat after this cycle's read and the top HW bits of the beat then at
+// its head (the crossbar keeps a message's length there): the head's
+// bits are kept per queue in a register, and when a queue is read the
+// next beat's come from a narrow copy of those bits read at the link (one
+// narrow read port). Both look through this cycle's read so that a queue
+// whose message ends now may be matched again at once.
 `resetall
 `timescale 1ns / 1ps
 `default_nettype none
@@ -30,7 +42,9 @@ module up_voq_buf #(
     parameter N    = 4,     // queues (outputs)
     parameter W    = 8,     // bits per beat
     parameter RES  = 16,    // beats each queue may always hold (>= 1)
-    parameter POOL = 64     // further beats shared by the queues (>= 0)
+    parameter POOL = 64,    // further beats shared by the queues (>= 0)
+    parameter ONE_PORT = 0, // 1: one read port (queue m_sel) instead of one per queue
+    parameter HW   = 1      // ONE_PORT: top bits of a beat kept per queue head (h_len)
 ) (
     input  wire                    clk,
     input  wire                    rst,
@@ -40,9 +54,13 @@ module up_voq_buf #(
     input  wire                    s_valid,
     output wire                    s_ready,
 
-    output wire [N*W-1:0]          m_data,
+    output wire [(ONE_PORT ? W : N*W)-1:0] m_data,
     output wire [N-1:0]            m_valid,
     input  wire [N-1:0]            m_ready,
+    input  wire [$clog2(N)-1:0]    m_sel,      // ONE_PORT: the queue the read port reads
+
+    output wire [N-1:0]            h_valid,    // ONE_PORT: queue q holds a beat after this cycle
+    output wire [N*HW-1:0]         h_len,      // ONE_PORT: top HW bits of that head beat
 
     // Beats held, all queues together.
     output wire [$clog2(N*RES+POOL):0] count
@@ -140,7 +158,8 @@ assign count   = held_reg;
 
 wire          wr = s_valid && s_ready;
 wire [AW-1:0] slot = first_free(used_reg);
-wire [N-1:0]  rd = m_valid & m_ready;
+wire [N-1:0]  sel_mask = ONE_PORT ? ({{(N-1){1'b0}}, 1'b1} << m_sel) : {N{1'b1}};
+wire [N-1:0]  rd = m_valid & m_ready & sel_mask;
 
 // Slots read this cycle (free from the next), and how many.
 reg [SLOTS-1:0] freed;
@@ -161,11 +180,50 @@ end
 wire [N*AW-1:0] link;
 genvar g;
 generate
-    for (g = 0; g < N; g = g + 1) begin : out_gen
-        wire [W+AW-1:0] word = buf_mem[head_reg[g]];
+    for (g = 0; g < N; g = g + 1) begin : valid_gen
         assign m_valid[g] = cnt_reg[g] != {CW{1'b0}};
-        assign m_data[g*W +: W] = word[W-1:0];
-        assign link[g*AW +: AW] = word[W +: AW];
+    end
+    if (ONE_PORT == 0) begin : ports_gen
+        for (g = 0; g < N; g = g + 1) begin : out_gen
+            wire [W+AW-1:0] word = buf_mem[head_reg[g]];
+            assign m_data[g*W +: W] = word[W-1:0];
+            assign link[g*AW +: AW] = word[W +: AW];
+        end
+        assign h_valid = {N{1'b0}};
+        assign h_len = {(N*HW){1'b0}};
+        wire unused_sel = &{1'b0, m_sel};
+    end else begin : one_gen
+        // The one read port, and the head bits of the beat after it.
+        wire [W+AW-1:0] word = buf_mem[head_reg[m_sel]];
+        wire [AW-1:0]   nxt = word[W +: AW];
+        reg  [HW-1:0]   head_mem [0:SLOTS-1];
+        reg  [HW-1:0]   hlen_reg [0:N-1];
+        wire [HW-1:0]   nxt_len = head_mem[nxt];
+        wire [HW-1:0]   s_len = s_data[W-1 -: HW];
+        integer h;
+        initial begin
+            for (h = 0; h < N; h = h + 1) hlen_reg[h] = {HW{1'b0}};
+        end
+        assign m_data = word[W-1:0];
+        for (g = 0; g < N; g = g + 1) begin : head_gen
+            assign link[g*AW +: AW] = nxt;
+            // After a read the head is the beat at the link (written in
+            // an earlier cycle when the queue held more than one beat).
+            assign h_valid[g] = rd[g] ? cnt_reg[g] > {{(CW-1){1'b0}}, 1'b1} : m_valid[g];
+            assign h_len[g*HW +: HW] = rd[g] ? nxt_len : hlen_reg[g];
+        end
+        always @(posedge clk) begin
+            if (wr) head_mem[spare_reg[s_dest]] <= s_len;
+            for (h = 0; h < N; h = h + 1) begin
+                if (rd[h]) begin
+                    // More beats: the next one's; else the beat written
+                    // now, if any, becomes the head.
+                    hlen_reg[h] <= cnt_reg[h] > {{(CW-1){1'b0}}, 1'b1} ? nxt_len : s_len;
+                end else if (cnt_reg[h] == {CW{1'b0}} && wr && s_dest == h[IW-1:0]) begin
+                    hlen_reg[h] <= s_len;
+                end
+            end
+        end
     end
 endgenerate
 

@@ -35,6 +35,18 @@ const MODELS: &[ModelSpec] = &[
         params: &["-GN=8", "-GVOQ_DEPTH=32", "-GVOQ_POOL=768"],
     },
     ModelSpec {
+        prefix: "up_n4i",
+        top: "uniplane_top",
+        kernels: false,
+        params: &[
+            "-GN=4",
+            "-GVOQ_DEPTH=64",
+            "-GVOQ_POOL=768",
+            "-GMATCH=1",
+            "-GITER=2",
+        ],
+    },
+    ModelSpec {
         prefix: "up_k8",
         top: "up_top_kernels",
         kernels: true,

@@ -71,6 +71,17 @@ def test_voq_buf(n, res, pool):
     run("up_voq_buf", "tb_voq_buf", {"N": n, "W": 32, "RES": res, "POOL": pool}, ["up_voq_buf.v"])
 
 
+@pytest.mark.parametrize("n,res,pool", [(2, 1, 0), (4, 2, 8), (4, 8, 40)])
+def test_voq_buf_one_port(n, res, pool):
+    run("up_voq_buf", "tb_voq_one", {"N": n, "W": 32, "RES": res, "POOL": pool, "ONE_PORT": 1, "HW": 8},
+        ["up_voq_buf.v"])
+
+
 @pytest.mark.parametrize("kernel", ["echo", "sum32"])
 def test_kernel(kernel):
     run(f"up_kernel_{kernel}", "tb_kernels", {}, [f"kernels/up_kernel_{kernel}.v", "up_skid.v"])
+
+
+@pytest.mark.parametrize("n,iters,patience", [(2, 1, 2), (3, 2, 4), (4, 1, 4), (4, 3, 16), (8, 2, 8)])
+def test_match(n, iters, patience):
+    run("up_match", "tb_match", {"N": n, "ITER": iters, "PATIENCE": patience}, ["up_match.v", "up_sched.v"])

@@ -147,6 +147,7 @@ fn main() {
     println!("|---|---|---|---|");
     latency(Model::N4);
     latency(Model::N8);
+    latency(Model::N4Islip);
 
     println!("\n## Byte shares of output 0, every input backlogged (40 000 cycles)\n");
     println!("| policy | payload per input | ideal | measured | max error |");
@@ -186,5 +187,23 @@ fn main() {
         &[200, 200, 200, 200],
         &[0.0, 0.75, 0.25, 0.0],
         "strict: class 0 {1:w3, 2:w1} over class 1",
+    );
+    // The iSLIP crossbar: each output's grant is its own scheduler's.
+    shares(
+        Model::N4Islip,
+        Policy::Weighted(vec![1, 1, 2, 4]),
+        &[64, 1500, 512, 200],
+        &[0.125, 0.125, 0.25, 0.5],
+        "N4Islip: DRR 1:1:2:4, mixed sizes",
+    );
+    shares(
+        Model::N4Islip,
+        Policy::StrictPriority {
+            class: vec![1, 0, 0, 1],
+            weights: vec![1, 3, 1, 1],
+        },
+        &[200, 200, 200, 200],
+        &[0.0, 0.75, 0.25, 0.0],
+        "N4Islip: strict: class 0 {1:w3, 2:w1} over class 1",
     );
 }

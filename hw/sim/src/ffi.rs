@@ -118,6 +118,22 @@ model!(
     up_n8_axil_out
 );
 model!(
+    N4I,
+    up_n4i_new,
+    up_n4i_free,
+    up_n4i_ports,
+    up_n4i_stacks,
+    up_n4i_set_rst,
+    up_n4i_eval,
+    up_n4i_tick,
+    up_n4i_set_in,
+    up_n4i_in_ready,
+    up_n4i_set_out_ready,
+    up_n4i_out,
+    up_n4i_set_axil,
+    up_n4i_axil_out
+);
+model!(
     K8,
     up_k8_new,
     up_k8_free,

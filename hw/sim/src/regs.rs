@@ -57,6 +57,10 @@ pub mod id {
     /// Beats of each input's buffer shared by its virtual output queues
     /// beyond their reserves.
     pub const VOQ_POOL: u32 = 0x040;
+    /// The crossbar: bits 7:0 its matching (0: a read port per output, no
+    /// matching; 1: one read port per input, iSLIP-style matching), bits
+    /// 15:8 the matching iterations per cycle (0 without matching).
+    pub const CROSSBAR: u32 = 0x044;
 }
 
 /// A port block.

@@ -11,6 +11,12 @@ pub enum Model {
     N4,
     /// 8 overlay ports, 32-beat virtual output queues, 2 underlay stacks.
     N8,
+    /// [`Model::N4`] with the other crossbar (`MATCH = 1`): one read port
+    /// per input buffer instead of one per output, and an iSLIP-style
+    /// matcher (`up_match`, two iterations) pairing free inputs with free
+    /// outputs a whole message at a time, each output's grant made by its
+    /// own scheduler.
+    N4Islip,
     /// [`Model::N8`] with kernels on two of its ports
     /// (`hw/rtl/kernels/up_top_kernels.v`): the echo kernel on
     /// [`Model::ECHO_PORT`], the sum32 kernel on [`Model::SUM32_PORT`].
@@ -25,6 +31,7 @@ impl Model {
     fn fns(self) -> ModelFns {
         match self {
             Model::N4 => ffi::N4,
+            Model::N4Islip => ffi::N4I,
             Model::N8 => ffi::N8,
             Model::N8Kernels => ffi::K8,
         }
@@ -41,7 +48,7 @@ impl Model {
     pub fn kernel_ports(self) -> Option<(usize, usize)> {
         match self {
             Model::N8Kernels => Some((Model::ECHO_PORT, Model::SUM32_PORT)),
-            Model::N4 | Model::N8 => None,
+            Model::N4 | Model::N4Islip | Model::N8 => None,
         }
     }
 
@@ -49,8 +56,18 @@ impl Model {
     /// queues of an input share [`Model::voq_pool`] beats more.
     pub fn voq_depth(self) -> usize {
         match self {
-            Model::N4 => 64,
+            Model::N4 | Model::N4Islip => 64,
             Model::N8 | Model::N8Kernels => 32,
+        }
+    }
+
+    /// The crossbar's matching iterations per cycle: `None` for the
+    /// crossbar with a read port per output (no matching), as the ID
+    /// block's `CROSSBAR` register says.
+    pub fn match_iterations(self) -> Option<u32> {
+        match self {
+            Model::N4Islip => Some(2),
+            Model::N4 | Model::N8 | Model::N8Kernels => None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! `verilator --lint-only -Wall` passes on `uniplane_top` for every port
-//! count the design supports, and on each table size extreme; on each
+//! count the design supports, and on each table size extreme, with either
+//! crossbar (a read port per output, or iSLIP matching); on each
 //! kernel of `rtl/kernels/`; and on `up_top_kernels`, the plane with
 //! kernels on two of its ports.
 
@@ -115,4 +116,12 @@ fn the_top_level_is_lint_clean_with_the_smallest_tables() {
         "-GD=2",
         "-GVOQ_DEPTH=2",
     ]);
+}
+
+#[test]
+fn the_top_level_with_islip_matching_is_lint_clean_for_every_port_count() {
+    lint(&["-GN=2", "-GMATCH=1", "-GVOQ_DEPTH=2", "-GPATIENCE=1"]);
+    lint(&["-GN=4", "-GMATCH=1"]);
+    lint(&["-GN=8", "-GMATCH=1", "-GITER=3"]);
+    lint(&["-GN=16", "-GMATCH=1", "-GITER=2", "-GPATIENCE=64"]);
 }

@@ -14,7 +14,12 @@ fn uid(d: u16) -> Uid {
 
 #[test]
 fn the_blocks_chain_from_the_id_block_through_every_port_to_the_underlay() {
-    for (model, ports) in [(Model::N4, 4), (Model::N8, 8), (Model::N8Kernels, 8)] {
+    for (model, ports) in [
+        (Model::N4, 4),
+        (Model::N8, 8),
+        (Model::N8Kernels, 8),
+        (Model::N4Islip, 4),
+    ] {
         let dev = RtlDevice::new(model);
         let kinds: Vec<u32> = dev.blocks().iter().map(|b| b.kind).collect();
         let mut want = vec![regs::kind::ID];
@@ -38,6 +43,19 @@ fn the_id_block_reports_the_build_parameters_and_the_header_layout() {
         dev.read(regs::id::LAYOUT_HASH).unwrap(),
         uniplane_hw_gen::layout_hash()
     );
+}
+
+#[test]
+fn the_id_block_says_which_crossbar_the_model_has() {
+    for model in [Model::N4, Model::N8, Model::N8Kernels, Model::N4Islip] {
+        let mut dev = RtlDevice::new(model);
+        let want = match model.match_iterations() {
+            None => 0,
+            Some(iters) => 1 | iters << 8,
+        };
+        assert_eq!(dev.read(regs::id::CROSSBAR).unwrap(), want, "{model:?}");
+    }
+    assert_eq!(Model::N4Islip.match_iterations(), Some(2));
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! yosys elaborates `uniplane_top` and each kernel of `rtl/kernels/` into a
-//! netlist without errors (every construct synthesizable, no multiple
+//! yosys elaborates `uniplane_top` (with either crossbar) and each kernel
+//! of `rtl/kernels/` into a netlist without errors (every construct synthesizable, no multiple
 //! drivers, no combinational loop).
 //! The area figures themselves come from `hw/synth/synth.sh`, which takes
 //! too long for a test.
@@ -15,8 +15,17 @@ fn rtl() -> PathBuf {
 /// fails with yosys's output if anything is wrong; skips when yosys is
 /// missing, unless `UNIPLANE_REQUIRE_TOOLS` is set.
 fn elaborate(top: &str, files: &[String]) {
+    elaborate_with(top, files, &[]);
+}
+
+/// [`elaborate`] with parameters of `top` set (`chparam`).
+fn elaborate_with(top: &str, files: &[String], params: &[(&str, u32)]) {
+    let chparam: String = params
+        .iter()
+        .map(|(k, v)| format!("chparam -set {k} {v} {top}; "))
+        .collect();
     let script = format!(
-        "read_verilog -I{} {}; hierarchy -check -top {top}; proc; opt_clean; check -assert",
+        "read_verilog -I{} {}; {chparam}hierarchy -check -top {top}; proc; opt_clean; check -assert",
         rtl().display(),
         files.join(" ")
     );
@@ -38,8 +47,7 @@ fn elaborate(top: &str, files: &[String]) {
     );
 }
 
-#[test]
-fn yosys_elaborates_the_top_level_cleanly() {
+fn rtl_files() -> Vec<String> {
     let mut files: Vec<String> = std::fs::read_dir(rtl())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -47,7 +55,17 @@ fn yosys_elaborates_the_top_level_cleanly() {
         .map(|p| p.display().to_string())
         .collect();
     files.sort();
-    elaborate("uniplane_top", &files);
+    files
+}
+
+#[test]
+fn yosys_elaborates_the_top_level_cleanly() {
+    elaborate("uniplane_top", &rtl_files());
+}
+
+#[test]
+fn yosys_elaborates_the_top_level_with_islip_matching_cleanly() {
+    elaborate_with("uniplane_top", &rtl_files(), &[("MATCH", 1), ("ITER", 2)]);
 }
 
 /// Elaborates the kernel `top` (in `rtl/kernels/`) with the modules it uses.
