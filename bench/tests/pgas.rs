@@ -152,7 +152,10 @@ fn pgas_across_two_daemons_runs_over_each_tunnel_stack() {
         ]));
         assert_eq!(string(&v, "results.stack"), stack);
         assert_eq!(string(&v, "results.target"), target);
-        assert_eq!(string(&v, "results.openshmem_transport"), "UCX_TLS=tcp,self");
+        assert_eq!(
+            string(&v, "results.openshmem_transport"),
+            "UCX_TLS=tcp,self"
+        );
         let points = v
             .pointer("/results/points")
             .and_then(|p| p.as_array())

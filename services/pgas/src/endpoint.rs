@@ -121,11 +121,14 @@ enum DataConn {
         remote: PortAddr,
         seq: u32,
     },
+    /// Closed by [`Endpoint::close`].
+    Closed,
 }
 
 impl DataConn {
     async fn send_bytes(&mut self, payload: Bytes) -> Result<(), LinkError> {
         match self {
+            DataConn::Closed => Err(LinkError::Closed),
             DataConn::Soft(c) => c.send_bytes(payload).await,
             DataConn::Hard {
                 sink,
@@ -148,8 +151,8 @@ struct Peer {
     /// messages never interleave.
     data: AsyncMutex<DataConn>,
     /// Replies, credit, barrier messages, class 1; held per frame. A
-    /// hardware rank has none.
-    control: Option<AsyncMutex<Connection>>,
+    /// hardware rank has none; `None` inside once closed.
+    control: Option<AsyncMutex<Option<Connection>>>,
     /// Bytes this endpoint may still send to it.
     credit: Semaphore,
     /// Sent to since the last quiet.
@@ -358,7 +361,7 @@ impl Endpoint {
             } else {
                 let data = dial(member, DATA_CLASS, None).await;
                 let control = dial(member, CONTROL_CLASS, None).await;
-                (DataConn::Soft(data?), Some(AsyncMutex::new(control?)))
+                (DataConn::Soft(data?), Some(AsyncMutex::new(Some(control?))))
             };
             peers.push(Peer {
                 data: AsyncMutex::new(data),
@@ -726,6 +729,40 @@ impl Endpoint {
             r?;
         }
         self.inner.take_error()
+    }
+
+    /// Completes everything this endpoint sent ([`Endpoint::quiet`]) and
+    /// closes its connections to the group, each once its far end has
+    /// taken everything sent on it (the client library's close in band,
+    /// bounded by its timeout). Call it before the process ends: a
+    /// process that exits with messages still queued in its session
+    /// loses them — the last barrier's release, sent by the lowest
+    /// software rank just before it exits, among them, leaving the other
+    /// ranks waiting for ever. The endpoint leaves the group: it sends
+    /// nothing after and answers nothing (its replies went on the
+    /// connections it closed), and the others' calls to it fail
+    /// [`PgasError::Closed`]. The result is quiet's.
+    pub async fn close(&self) -> Result<(), PgasError> {
+        let quiet = self.quiet().await;
+        let net = self.inner.net()?;
+        let session = &self.inner.session;
+        let closes = net.peers.iter().map(|peer| async move {
+            // A hardware rank's connection has nothing in flight after
+            // quiet (its replies came back on it): it is dropped.
+            let data = match std::mem::replace(&mut *peer.data.lock().await, DataConn::Closed) {
+                DataConn::Soft(c) => Some(c),
+                _ => None,
+            };
+            let control = match &peer.control {
+                Some(c) => c.lock().await.take(),
+                None => None,
+            };
+            for conn in data.into_iter().chain(control) {
+                let _ = session.close(conn).await;
+            }
+        });
+        join_all(closes).await;
+        quiet
     }
 
     /// A barrier across the group's software ranks: quiet — which
@@ -1128,10 +1165,11 @@ impl Inner {
                 "rank {dst} is a hardware endpoint: it takes no control frames"
             )));
         };
-        control
-            .lock()
-            .await
-            .send_bytes(frame)
+        let mut control = control.lock().await;
+        let Some(conn) = control.as_mut() else {
+            return Err(PgasError::Closed(dst));
+        };
+        conn.send_bytes(frame)
             .await
             .map_err(|_| PgasError::Closed(dst))
     }
@@ -1163,8 +1201,10 @@ impl Inner {
         Ok(())
     }
 
-    /// A hardware rank's connection ended: its waiting callers and
-    /// senders fail ([`PgasError::Closed`]) instead of waiting forever.
+    /// A rank's replies can come no more (a hardware rank's connection,
+    /// or a software rank's control connection, ended): its waiting
+    /// callers and senders fail ([`PgasError::Closed`]) instead of
+    /// waiting forever.
     fn fail_rank(&self, rank: usize) {
         if let Some(peer) = self.net.get().and_then(|n| n.peers.get(rank)) {
             peer.credit.close();
@@ -1297,6 +1337,9 @@ async fn serve_connection(inner: Arc<Inner>, mut conn: Connection) {
             while let Some(Ok(m)) = conn.recv().await {
                 inner.on_control(source, m.payload()).await;
             }
+            // No reply from `source` can come any more (it closed, or
+            // went): what waits on it fails instead of waiting for ever.
+            inner.fail_rank(source);
         }
         _ => inner.counters.count_malformed(),
     }

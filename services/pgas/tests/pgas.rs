@@ -376,6 +376,29 @@ async fn bad_accesses_are_refused_at_the_sender_counted_at_the_target_and_never_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn close_delivers_what_was_sent_and_ends_the_endpoints_sending() {
+    let s = group("close", 2, |ep| {
+        ep.register_segment(200_000, Acl::ReadWrite);
+    })
+    .await;
+    let (a, b) = (&s.eps[0], &s.eps[1]);
+    let data = pattern(200_000, 7);
+    a.long(1, 0, 0, &data, Call::counter(1), Completion::Async)
+        .await
+        .unwrap();
+    // Close returns once rank 1 holds all of it (and the counter ran).
+    within("close", a.close()).await.unwrap();
+    assert_eq!(b.counter(), 1);
+    assert!(b.segment(0).unwrap().read(0, 200_000).unwrap() == data);
+    // Rank 0 has left: it sends nothing more, and a call to it fails
+    // rather than waiting for a reply that cannot come.
+    let after = a.short(1, Call::NONE, Completion::Reply).await;
+    assert!(matches!(after, Err(PgasError::Closed(1))), "{after:?}");
+    let get = within("get", b.get(0, 0, 0, 8)).await;
+    assert!(matches!(get, Err(PgasError::Closed(0))), "{get:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_barrier_completes_every_put_before_it_everywhere() {
     const N: usize = 4;
     let s = group("barrier", N, |ep| {
