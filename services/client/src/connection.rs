@@ -164,7 +164,23 @@ impl Connection {
 
     /// The next message from the far end; `None` once the connection closed.
     pub async fn recv(&mut self) -> Option<Result<Message, LinkError>> {
-        self.inbox.recv().await
+        std::future::poll_fn(|cx| self.poll_inbox(cx)).await
+    }
+
+    /// The next message of the inbox, running the session's data path on
+    /// this task while there is none ([`Shared::poll_driving`]).
+    fn poll_inbox(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, LinkError>>> {
+        let inbox = &mut self.inbox;
+        self.shared.poll_driving(cx, |cx, register| {
+            if register {
+                return inbox.poll_recv(cx);
+            }
+            match inbox.try_recv() {
+                Ok(m) => Poll::Ready(Some(m)),
+                Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
+                Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+            }
+        })
     }
 
     /// The payloads of every message up to and including the next
@@ -174,7 +190,7 @@ impl Connection {
     /// Cancel-safe: a unit interrupted here continues on the next call.
     pub async fn recv_until_push(&mut self) -> Option<Result<Bytes, LinkError>> {
         loop {
-            match self.inbox.recv().await {
+            match self.recv().await {
                 Some(Ok(m)) => {
                     let push = m.header().flags.contains(MsgFlags::PUSH);
                     if push && self.unit.is_empty() {
@@ -222,7 +238,7 @@ impl Stream for Connection {
     type Item = Result<Message, LinkError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().inbox.poll_recv(cx)
+        self.get_mut().poll_inbox(cx)
     }
 }
 
@@ -236,11 +252,18 @@ impl Sink<Message> for Connection {
             .map_err(|_| LinkError::Closed)
     }
 
+    /// Straight into the session's data path when it is free (the permit
+    /// `poll_ready` took goes back), else through the queue on that
+    /// permit.
     fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
-        self.get_mut()
-            .out
-            .send_item(item)
-            .map_err(|_| LinkError::Closed)
+        let this = self.get_mut();
+        match this.shared.send_direct(item) {
+            Ok(()) => {
+                this.out.abort_send();
+                Ok(())
+            }
+            Err(item) => this.out.send_item(item).map_err(|_| LinkError::Closed),
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {

@@ -236,7 +236,14 @@ impl Client {
         let link = uniplane_shm::ShmLink::join(data, &options.shm_config())
             .await
             .map_err(|e| ClientError::Protocol(format!("data path: {e}")))?;
-        Ok(Session::open(self, attached.uid, attached.daemon, link))
+        let busy = options.wait == Wait::Busy;
+        Ok(Session::open(
+            self,
+            attached.uid,
+            attached.daemon,
+            link,
+            busy,
+        ))
     }
 
     /// The runtime directory of the daemon.

@@ -16,9 +16,12 @@
 //! ([`protocol`]); data never does: after `attach`, the session opens its
 //! data path (shared-memory rings into the session's port of the daemon's
 //! engine) and every connection's messages, one-sided writes and reads,
-//! and their answers travel on it. One background task per session moves
-//! messages both ways and serves peers' one-sided requests against the
-//! session's memory [`Window`]s.
+//! and their answers travel on it. Whichever task of the session finds
+//! the data path free moves it: a connection that sends writes into the
+//! ring in its own poll, a connection waiting for a message takes it from
+//! the ring in its own poll, and a background task per session does the
+//! rest — peers' one-sided requests against the session's memory
+//! [`Window`]s, notices, messages nobody is waiting for.
 //!
 //! How the data path waits for the engine is chosen per session with
 //! [`Client::attach_with`] and [`DataPathOptions`]: [`Wait::Busy`] never
@@ -63,6 +66,7 @@
 
 mod connection;
 mod control;
+mod datapath;
 mod error;
 mod mapping;
 pub mod protocol;

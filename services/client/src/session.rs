@@ -1,7 +1,9 @@
-//! [`Session`]: an attached application, and the background task that
-//! moves its messages.
+//! [`Session`]: an attached application — its routes, its connections'
+//! inboxes, its one-sided calls — and the dispatch of what its data path
+//! ([`crate::datapath`]) receives.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -16,16 +18,13 @@ use uniplane_dataplane::wire::{
 use uniplane_dataplane::{Endpoint, Link, LinkError, MemoryAddress, Message, Uid};
 
 use crate::control::ControlChannel;
+use crate::datapath::{self, PathCell};
 use crate::protocol::{ConnSpec, Request};
 use crate::window::{self, Window, Windows};
 use crate::{Client, ClientError, Connection, Listener};
 
 /// How long a one-sided request waits for its completion.
 const ONE_SIDED_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Most answers to peers' requests queued before the dispatcher stops
-/// taking more from the data path (backpressure on the peers).
-const MAX_QUEUED_OUT: usize = 256;
 
 /// How long a closing end waits for the far end to acknowledge its
 /// in-band CLOSE before asking the daemon to close anyway.
@@ -141,15 +140,22 @@ impl Waiter {
 /// (so the timer is not re-armed per answer).
 const BATCH_TIMER_SLACK: Duration = Duration::from_millis(500);
 
-/// What the session's handles and its data-path task share.
+/// What the session's handles and its data path share.
 pub(crate) struct Shared {
     /// The session's UID.
     pub(crate) uid: Uid,
     /// The daemon's UID, source of notices.
     daemon: Uid,
     routes: Mutex<Routes>,
-    /// The data path's writer queue.
+    /// The data path: run by whichever task finds it free
+    /// ([`crate::datapath`]).
+    pub(crate) path: PathCell,
+    /// Where a message goes that could not go straight into the data
+    /// path: the path's holder sends it in order.
     pub(crate) out: mpsc::Sender<Message>,
+    /// Whether a task waiting for a message spins on the data path
+    /// ([`crate::Wait::Busy`]) instead of waiting to be woken.
+    busy: bool,
     /// Connections dropped while open, to close in band and then
     /// through the daemon.
     closes: mpsc::UnboundedSender<Closing>,
@@ -157,13 +163,19 @@ pub(crate) struct Shared {
     next_seq: AtomicU32,
 }
 
+/// How long a busy-polling task waiting for a message runs the data path
+/// in its own poll before it yields to the other tasks of its runtime.
+const BUSY_SPIN: Duration = Duration::from_micros(20);
+
 impl Shared {
-    /// Starts the data-path task on `link`; the receiver yields the
-    /// connections dropped while open.
+    /// Starts the session's data path on `link`, and its background task;
+    /// the receiver yields the connections dropped while open. `busy`:
+    /// tasks waiting for messages spin on the path ([`crate::Wait::Busy`]).
     pub(crate) fn spawn<L: Link + 'static>(
         uid: Uid,
         daemon: Uid,
         link: L,
+        busy: bool,
     ) -> (Arc<Shared>, mpsc::UnboundedReceiver<Closing>) {
         let (out, out_rx) = mpsc::channel::<Message>(1024);
         let (closes, closes_rx) = mpsc::unbounded_channel();
@@ -171,13 +183,80 @@ impl Shared {
             uid,
             daemon,
             routes: Mutex::new(Routes::default()),
+            path: PathCell::new(Box::new(link), out_rx),
             out,
+            busy,
             closes,
             next_conn: AtomicU64::new(1),
             next_seq: AtomicU32::new(1),
         });
-        tokio::spawn(data_path(link, out_rx, shared.clone()));
+        tokio::spawn(datapath::background(shared.clone()));
         (shared, closes_rx)
+    }
+
+    /// Sends `m` straight into the data path when it is free and nothing
+    /// queued before is waiting; hands it back otherwise.
+    pub(crate) fn send_direct(&self, m: Message) -> Result<(), Message> {
+        match self.path.try_hold() {
+            Some(mut held) => held.send_direct(m),
+            None => Err(m),
+        }
+    }
+
+    /// Sends `m`: straight into the data path when it can, else through
+    /// the queue (waiting while it is full).
+    pub(crate) async fn send(&self, m: Message) -> Result<(), LinkError> {
+        match self.send_direct(m) {
+            Ok(()) => Ok(()),
+            Err(m) => self.out.send(m).await.map_err(|_| LinkError::Closed),
+        }
+    }
+
+    /// Polls what `poll` waits for, running the data path on this task
+    /// meanwhile so that a message the task waits for reaches it without
+    /// another task's turn. `poll(cx, true)` polls the queue a pass fills
+    /// and registers the task with it; `poll(cx, false)` only looks.
+    /// Busy sessions spin for [`BUSY_SPIN`] at most, and stop as soon as
+    /// a pass hands messages to other tasks, then yield; others run one
+    /// pass and wait to be woken.
+    pub(crate) fn poll_driving<T>(
+        self: &Arc<Self>,
+        cx: &mut std::task::Context<'_>,
+        mut poll: impl FnMut(&mut std::task::Context<'_>, bool) -> Poll<T>,
+    ) -> Poll<T> {
+        if let Poll::Ready(t) = poll(cx, true) {
+            return Poll::Ready(t);
+        }
+        let mut until = None;
+        loop {
+            let delivered = match self.path.try_hold() {
+                Some(mut held) => held.pass(self).1,
+                None => 0,
+            };
+            if let Poll::Ready(t) = poll(cx, false) {
+                return Poll::Ready(t);
+            }
+            if !self.busy {
+                return Poll::Pending;
+            }
+            let deadline = *until.get_or_insert_with(|| std::time::Instant::now() + BUSY_SPIN);
+            if delivered > 0 || std::time::Instant::now() >= deadline {
+                // Others have messages, or the spin is spent: their turn.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// The data path is gone: every connection ends, every call fails,
+    /// nobody will acknowledge a close.
+    pub(crate) fn end_routes(&self) {
+        let mut r = self.routes();
+        r.conns.clear();
+        r.closing.clear();
+        r.listeners.clear();
+        r.pending.clear();
     }
 
     pub(crate) fn routes(&self) -> MutexGuard<'_, Routes> {
@@ -233,7 +312,7 @@ impl Shared {
     pub(crate) async fn close_in_band(&self, closing: Closing) {
         let Closing { key, acked } = closing;
         if let Some(fin) = close_message(self.uid, key, FIN) {
-            if self.out.send(fin).await.is_ok() {
+            if self.send(fin).await.is_ok() {
                 let _ = tokio::time::timeout(CLOSE_ACK_TIMEOUT, acked).await;
             }
         }
@@ -242,34 +321,55 @@ impl Shared {
 
     /// Sends a one-sided request and waits for the completion from its
     /// destination with the same sequence number.
-    async fn one_sided(&self, mut m: Message) -> Result<Message, ClientError> {
+    async fn one_sided(self: &Arc<Self>, mut m: Message) -> Result<Message, ClientError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         m.set_seqnum(seq);
         let key = (m.header().dst, seq);
         let (tx, rx) = oneshot::channel();
         self.routes().pending.insert(key, Waiter::One(tx));
-        if self.out.send(m).await.is_err() {
+        if self.send(m).await.is_err() {
             self.routes().pending.remove(&key);
             return Err(ClientError::Link(LinkError::Closed));
         }
-        let answer = tokio::time::timeout(ONE_SIDED_TIMEOUT, rx).await;
+        let mut rx = rx;
+        let answered = std::future::poll_fn(|cx| {
+            self.poll_driving(cx, |cx, register| {
+                if register {
+                    return Pin::new(&mut rx).poll(cx).map(|r| r.ok());
+                }
+                match rx.try_recv() {
+                    Err(oneshot::error::TryRecvError::Empty) => Poll::Pending,
+                    Ok(m) => Poll::Ready(Some(m)),
+                    Err(oneshot::error::TryRecvError::Closed) => Poll::Ready(None),
+                }
+            })
+        });
+        let answer = tokio::time::timeout(ONE_SIDED_TIMEOUT, answered).await;
         self.routes().pending.remove(&key);
         let answer = answer
             .map_err(|_| ClientError::Timeout)?
-            .map_err(|_| ClientError::Link(LinkError::Closed))?;
+            .ok_or(ClientError::Link(LinkError::Closed))?;
         match answer.header().status() {
             Status::Ok => Ok(answer),
             s => Err(ClientError::Status(s)),
         }
     }
 
-    pub(crate) async fn write(&self, dst: MemoryAddress, data: Bytes) -> Result<(), ClientError> {
+    pub(crate) async fn write(
+        self: &Arc<Self>,
+        dst: MemoryAddress,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
         let m = Message::write(self.uid, dst, data)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.one_sided(m).await.map(drop)
     }
 
-    pub(crate) async fn read(&self, src: MemoryAddress, len: u16) -> Result<Bytes, ClientError> {
+    pub(crate) async fn read(
+        self: &Arc<Self>,
+        src: MemoryAddress,
+        len: u16,
+    ) -> Result<Bytes, ClientError> {
         let m = Message::read(self.uid.at(0), src, len)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let answer = self.one_sided(m).await?;
@@ -278,7 +378,7 @@ impl Shared {
 
     /// See [`Session::one_sided_batch`].
     async fn one_sided_batch<I, F>(
-        &self,
+        self: &Arc<Self>,
         requests: I,
         window: usize,
         mut answer: F,
@@ -326,7 +426,7 @@ impl Shared {
             in_flight += burst.len();
             let mut closed = false;
             for (_, m) in burst.drain(..) {
-                if self.out.send(m).await.is_err() {
+                if self.send(m).await.is_err() {
                     closed = true;
                     break;
                 }
@@ -339,10 +439,26 @@ impl Shared {
             }
             answers.clear();
             let heard_any = std::future::poll_fn(|cx| {
-                if let Poll::Ready(n) = rx.poll_recv_many(cx, &mut answers, window) {
+                let got = self.poll_driving(cx, |cx, register| {
+                    if register {
+                        return rx.poll_recv_many(cx, &mut answers, window);
+                    }
+                    while answers.len() < window {
+                        match rx.try_recv() {
+                            Ok(a) => answers.push(a),
+                            Err(_) => break,
+                        }
+                    }
+                    if answers.is_empty() {
+                        Poll::Pending
+                    } else {
+                        Poll::Ready(answers.len())
+                    }
+                });
+                if let Poll::Ready(n) = got {
                     return Poll::Ready(Some(n));
                 }
-                std::future::Future::poll(timer.as_mut(), cx).map(|()| None)
+                timer.as_mut().poll(cx).map(|()| None)
             })
             .await;
             match heard_any {
@@ -436,112 +552,6 @@ async fn close_dropped(
     }
 }
 
-/// Moves the session's messages both ways over its data path, in one
-/// task so neither direction can starve the other: receiving never waits
-/// for sending. A connection whose inbox is full holds the receive side
-/// (backpressure, not loss) until it has room. Peers' one-sided requests
-/// are answered here, against the session's windows.
-async fn data_path<L: Link>(mut link: L, mut out: mpsc::Receiver<Message>, d: Arc<Shared>) {
-    let mut inbound: VecDeque<Message> = VecDeque::with_capacity(64);
-    let mut recv_buf: Vec<Message> = Vec::with_capacity(64);
-    let mut outbound: VecDeque<Message> = VecDeque::with_capacity(64);
-    let mut send_buf: Vec<Message> = Vec::with_capacity(64);
-    let mut stalled: Option<Stalled> = None;
-    let mut out_open = true;
-    // The link holds a message it could not write yet (its ring was
-    // full): only `poll_flush` moves it on, so it is polled until done
-    // even when nothing new comes to send.
-    let mut flushing = false;
-    std::future::poll_fn(|cx| loop {
-        let mut progress = false;
-        // A message waiting for room in its connection's inbox.
-        if let Some(st) = stalled.as_mut() {
-            match st.permit.as_mut().poll(cx) {
-                Poll::Ready(Ok(permit)) => {
-                    if let Some(m) = st.message.take() {
-                        permit.send(m);
-                    }
-                    stalled = None;
-                    progress = true;
-                }
-                // The connection is gone; its message has nowhere to go.
-                Poll::Ready(Err(_)) => {
-                    stalled = None;
-                    progress = true;
-                }
-                Poll::Pending => {}
-            }
-        }
-        if stalled.is_none() {
-            while outbound.len() < MAX_QUEUED_OUT {
-                let Some(m) = inbound.pop_front() else {
-                    break;
-                };
-                if let Some(st) = dispatch(&d, m, &mut outbound) {
-                    stalled = Some(st);
-                    // Go round once more so the permit future is polled
-                    // and registers this task: otherwise nothing wakes it.
-                    progress = true;
-                    break;
-                }
-                progress = true;
-            }
-            if inbound.is_empty() && stalled.is_none() && outbound.len() < MAX_QUEUED_OUT {
-                match link.poll_recv_batch(cx, &mut recv_buf, 64) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
-                    Poll::Ready(Ok(_)) => {
-                        inbound.extend(recv_buf.drain(..));
-                        progress = true;
-                    }
-                    Poll::Pending => {}
-                }
-            }
-        }
-        if outbound.is_empty() && out_open {
-            match out.poll_recv_many(cx, &mut send_buf, 64) {
-                Poll::Ready(0) => out_open = false,
-                Poll::Ready(_) => {
-                    outbound.extend(send_buf.drain(..));
-                    progress = true;
-                }
-                Poll::Pending => {}
-            }
-        }
-        if !outbound.is_empty() || flushing {
-            let before = outbound.len();
-            if !outbound.is_empty() {
-                match link.poll_send_batch(cx, &mut outbound) {
-                    Poll::Ready(Err(_)) => return Poll::Ready(()),
-                    Poll::Ready(Ok(())) | Poll::Pending => {}
-                }
-            }
-            let sent = outbound.len() < before;
-            if sent || flushing {
-                match Pin::new(&mut link).poll_flush(cx) {
-                    Poll::Ready(Err(_)) => return Poll::Ready(()),
-                    Poll::Ready(Ok(())) => {
-                        progress |= flushing;
-                        flushing = false;
-                    }
-                    Poll::Pending => flushing = true,
-                }
-            }
-            progress |= sent;
-        }
-        if !progress {
-            return Poll::Pending;
-        }
-    })
-    .await;
-    // The data path is gone: every connection ends, every call fails,
-    // nobody will acknowledge a close.
-    let mut r = d.routes();
-    r.conns.clear();
-    r.closing.clear();
-    r.listeners.clear();
-    r.pending.clear();
-}
-
 type PermitFuture = Pin<
     Box<
         dyn std::future::Future<
@@ -554,48 +564,75 @@ type PermitFuture = Pin<
 >;
 
 /// A received message waiting for room in a full inbox.
-struct Stalled {
+pub(crate) struct Stalled {
     message: Option<Result<Message, LinkError>>,
     permit: PermitFuture,
 }
 
+impl Stalled {
+    /// Hands the message over once its inbox has room: `Ready(true)` when
+    /// it went in, `Ready(false)` when the connection is gone (the message
+    /// has nowhere to go).
+    pub(crate) fn poll_deliver(&mut self, cx: &mut std::task::Context<'_>) -> Poll<bool> {
+        match self.permit.as_mut().poll(cx) {
+            Poll::Ready(Ok(permit)) => {
+                let went = self.message.take().map(|m| permit.send(m)).is_some();
+                Poll::Ready(went)
+            }
+            Poll::Ready(Err(_)) => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// Delivers one received message, queueing any answer it needs in
-/// `replies`; `Some` when its connection's inbox is full.
-fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Option<Stalled> {
+/// `replies`: `Ok(true)` when it went into a connection's inbox,
+/// `Ok(false)` when it was handled otherwise (or dropped), `Err` when its
+/// connection's inbox is full.
+pub(crate) fn dispatch(
+    d: &Arc<Shared>,
+    m: Message,
+    replies: &mut VecDeque<Message>,
+) -> Result<bool, Stalled> {
     let h = *m.header();
     let kind = h.request.kind();
     // Notices from the daemon: a connection arrived, or one is gone.
     if h.src == d.daemon && matches!(kind, ReqType::Connect | ReqType::Close | ReqType::Notify) {
         handle_notice(d, m);
-        return None;
+        return Ok(false);
     }
     if kind.form() == ParamForm::Port {
-        let (src_port, dst_port) = h.request.ports()?;
+        let Some((src_port, dst_port)) = h.request.ports() else {
+            return Ok(false);
+        };
         let key = (dst_port, h.src, src_port);
         if kind == ReqType::Close {
             close_from_peer(d, key, h.request.params().flag(), replies);
-            return None;
+            return Ok(false);
         }
         let routed = d.routes().conns.get(&key).map(|i| i.tx.clone());
         let inbox = match routed {
             Some(inbox) => inbox,
-            None if kind.is_answer() || h.flags.contains(MsgFlags::ERROR) => return None,
-            None => accept_early(d, key)?,
+            None if kind.is_answer() || h.flags.contains(MsgFlags::ERROR) => return Ok(false),
+            None => match accept_early(d, key) {
+                Some(inbox) => inbox,
+                None => return Ok(false),
+            },
         };
         let item = if h.flags.contains(MsgFlags::ERROR) {
             Err(LinkError::PeerFailed(format!("{:?}", h.status())))
         } else if kind.is_answer() {
-            return None;
+            return Ok(false);
         } else {
             Ok(m)
         };
         return match inbox.try_send(item) {
-            Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(item)) => Some(Stalled {
+            Ok(()) => Ok(true),
+            Err(mpsc::error::TrySendError::Full(item)) => Err(Stalled {
                 message: Some(item),
                 permit: Box::pin(inbox.reserve_owned()),
             }),
-            Err(mpsc::error::TrySendError::Closed(_)) => None,
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(false),
         };
     }
     if kind.is_answer() {
@@ -603,6 +640,7 @@ fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Opt
         let waiter = d.routes().pending.remove(&(h.src, h.seqnum));
         if let Some(w) = waiter {
             w.deliver(m);
+            return Ok(true);
         }
     } else if h.dst != d.uid {
         tracing::debug!(dst = %h.dst, "one-sided request for another resource");
@@ -612,7 +650,7 @@ fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Opt
             d.routes().windows.find(addr, len)
         }));
     }
-    None
+    Ok(false)
 }
 
 /// An in-band CLOSE from the far end of `key`: a FIN ends the
@@ -722,14 +760,16 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session of `uid` over its data path `link`.
+    /// A session of `uid` over its data path `link`; `busy` as
+    /// [`Shared::spawn`] says.
     pub(crate) fn open<L: Link + 'static>(
         client: Client,
         uid: Uid,
         daemon: Uid,
         link: L,
+        busy: bool,
     ) -> Session {
-        let (shared, dropped) = Shared::spawn(uid, daemon, link);
+        let (shared, dropped) = Shared::spawn(uid, daemon, link, busy);
         tokio::spawn(close_dropped(
             Arc::downgrade(&client.control),
             Arc::downgrade(&shared),
@@ -903,7 +943,7 @@ mod tests {
     /// link.
     fn session() -> (Arc<Shared>, mpsc::UnboundedReceiver<Closing>, MemLink) {
         let (ours, engine) = uniplane_dataplane::mem::pair(64);
-        let (shared, dropped) = Shared::spawn(uid(ME), uid(DAEMON), ours);
+        let (shared, dropped) = Shared::spawn(uid(ME), uid(DAEMON), ours, false);
         (shared, dropped, engine)
     }
 
