@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{Sink, SinkExt, Stream};
@@ -61,7 +61,11 @@ pub struct Connection {
     local: Endpoint,
     remote: Endpoint,
     inbox: mpsc::Receiver<Result<Message, LinkError>>,
+    /// The session's queue, for a message that could not go straight
+    /// into its data path and found the queue full.
     out: PollSender<Message>,
+    /// That message, until the queue has room.
+    held_back: Option<Message>,
     seq: u32,
     /// What `recv_until_push` has gathered of the current unit.
     unit: BytesMut,
@@ -92,6 +96,7 @@ impl Connection {
             remote: remote.port(remote_port),
             inbox: rx,
             out: PollSender::new(shared.out.clone()),
+            held_back: None,
             seq: 0,
             unit: BytesMut::new(),
             closed: false,
@@ -242,36 +247,67 @@ impl Stream for Connection {
     }
 }
 
+impl Connection {
+    /// Moves the message `start_send` could place nowhere (the queue was
+    /// full) into the queue once it has room: `Ready(Ok(()))` once
+    /// nothing is held back.
+    fn poll_held_back(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        if self.held_back.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        ready!(self.out.poll_reserve(cx)).map_err(|_| LinkError::Closed)?;
+        if let Some(m) = self.held_back.take() {
+            self.out.send_item(m).map_err(|_| LinkError::Closed)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl Sink<Message> for Connection {
     type Error = LinkError;
 
+    /// Ready unless a message is still held back (backpressure: the
+    /// session's queue was full).
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut()
-            .out
-            .poll_reserve(cx)
-            .map_err(|_| LinkError::Closed)
+        self.get_mut().poll_held_back(cx)
     }
 
-    /// Straight into the session's data path when it is free (the permit
-    /// `poll_ready` took goes back), else through the queue on that
-    /// permit.
+    /// Straight into the session's data path when it is free, else into
+    /// its queue; a full queue holds the message here until `poll_ready`
+    /// or `poll_flush` can place it (nothing is dropped, nothing
+    /// overtakes it).
     fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), LinkError> {
         let this = self.get_mut();
-        match this.shared.send_direct(item) {
-            Ok(()) => {
-                this.out.abort_send();
+        if this.held_back.is_some() {
+            return Err(LinkError::Io(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "start_send without a ready poll_ready",
+            )));
+        }
+        let Err(item) = this.shared.send_direct(item) else {
+            return Ok(());
+        };
+        match this.shared.out.try_send(item) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(item)) => {
+                this.held_back = Some(item);
                 Ok(())
             }
-            Err(item) => this.out.send_item(item).map_err(|_| LinkError::Closed),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(LinkError::Closed),
         }
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        Poll::Ready(Ok(()))
+    /// Done once nothing is held back here: the session's data path
+    /// publishes what it took by the time this task waits on the session
+    /// or yields.
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        self.get_mut().poll_held_back(cx)
     }
 
-    fn poll_close(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        self.get_mut().out.close();
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        let this = self.get_mut();
+        ready!(this.poll_held_back(cx))?;
+        this.out.close();
         Poll::Ready(Ok(()))
     }
 }

@@ -57,7 +57,7 @@ use std::task::{Context, Poll, Waker};
 
 use futures_util::Sink;
 use tokio::sync::mpsc;
-use uniplane_dataplane::{BoxLink, Message};
+use uniplane_dataplane::{BoxLink, LinkError, Message};
 
 use crate::session::{dispatch, Shared, Stalled};
 
@@ -100,6 +100,7 @@ impl PathCell {
                 stalled: None,
                 out_open: true,
                 flushing: false,
+                unpublished: 0,
                 ended: false,
                 waker: None,
                 delivered: 0,
@@ -175,6 +176,17 @@ impl Drop for Held<'_> {
     }
 }
 
+/// How long a pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Until nothing moves: the background task's pass.
+    Idle,
+    /// Until a burst from the link went into inboxes (or nothing moves),
+    /// then the rest is the background task's: a task waiting for its
+    /// own message.
+    Delivered,
+}
+
 /// What the data path holds: the link to the engine and everything in
 /// flight between it and the session's connections.
 pub(crate) struct Pump {
@@ -195,6 +207,8 @@ pub(crate) struct Pump {
     /// `poll_flush` moves them on, so it is flushed until done even when
     /// nothing new comes to send.
     flushing: bool,
+    /// Messages direct sends wrote since the last publication.
+    unpublished: usize,
     /// The link ended; every connection of the session has been ended.
     ended: bool,
     /// The background task's waker, once it first ran: every readiness a
@@ -212,11 +226,14 @@ impl Pump {
         self.waker.is_some() && !self.ended
     }
 
-    /// Runs passes until nothing moves; `Ready` once the link ended (every
-    /// connection is then ended). Returns how many messages went into
-    /// connections' inboxes, for a caller that wants to know whether it
-    /// woke other tasks.
-    pub(crate) fn pass(&mut self, d: &Arc<Shared>) -> (Poll<()>, u64) {
+    /// Runs rounds until nothing moves (`Until::Idle`, the background
+    /// task) or until messages went into inboxes (`Until::Delivered`, a
+    /// task waiting for its own message: one burst from the link is what
+    /// it can use now, and the background task, woken, carries on); `Ready` once the link ended
+    /// (every connection is then ended). Returns how many messages went
+    /// into connections' inboxes, for a caller that wants to know whether
+    /// it woke other tasks.
+    pub(crate) fn pass(&mut self, d: &Arc<Shared>, until: Until) -> (Poll<()>, u64) {
         let before = self.delivered;
         if self.ended {
             return (Poll::Ready(()), 0);
@@ -225,7 +242,12 @@ impl Pump {
             return (Poll::Pending, 0);
         };
         let mut cx = Context::from_waker(&waker);
-        let r = self.run(d, &mut cx);
+        if self.flushing && self.outbound.is_empty() {
+            // What direct sends wrote goes first: the far end may be
+            // waiting for it.
+            let _ = self.flush(&mut cx);
+        }
+        let r = self.run(d, &mut cx, until);
         self.waker = Some(waker);
         if r.is_ready() {
             self.end(d);
@@ -278,18 +300,40 @@ impl Pump {
         if Pin::new(&mut self.link).start_send(m).is_err() {
             return Ok(());
         }
-        match Pin::new(&mut self.link).poll_flush(cx) {
-            Poll::Ready(_) => {}
-            Poll::Pending => self.flushing = true,
+        // Published by the next pass — this task's own when it waits on
+        // the session, else the background task's, woken now, which runs
+        // once this task yields — or here once a burst is written: one
+        // publication for a burst, and a sender that never yields still
+        // feeds the engine.
+        self.unpublished += 1;
+        if self.unpublished >= BURST {
+            let _ = self.flush(cx);
+        } else if !self.flushing {
+            self.flushing = true;
+            cx.waker().wake_by_ref();
         }
         Ok(())
+    }
+
+    /// Publishes what the link holds; what it cannot publish yet (a full
+    /// ring) stays for the next pass.
+    fn flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        let r = Pin::new(&mut self.link).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = r {
+            self.flushing = false;
+            self.unpublished = 0;
+        } else {
+            self.flushing = true;
+        }
+        r
     }
 
     /// One task's worth of moving, in one place so neither direction can
     /// starve the other: receiving never waits for sending. A connection
     /// whose inbox is full holds the receive side (backpressure, not
     /// loss) until it has room.
-    fn run(&mut self, d: &Arc<Shared>, cx: &mut Context<'_>) -> Poll<()> {
+    fn run(&mut self, d: &Arc<Shared>, cx: &mut Context<'_>, until: Until) -> Poll<()> {
+        let delivered_before = self.delivered;
         loop {
             let mut progress = false;
             // A message waiting for room in its connection's inbox.
@@ -353,18 +397,22 @@ impl Pump {
                 }
                 let sent = self.outbound.len() < before;
                 if sent || self.flushing {
-                    match Pin::new(&mut self.link).poll_flush(cx) {
+                    let was = self.flushing;
+                    match self.flush(cx) {
                         Poll::Ready(Err(_)) => return Poll::Ready(()),
-                        Poll::Ready(Ok(())) => {
-                            progress |= self.flushing;
-                            self.flushing = false;
-                        }
-                        Poll::Pending => self.flushing = true,
+                        Poll::Ready(Ok(())) => progress |= was,
+                        Poll::Pending => {}
                     }
                 }
                 progress |= sent;
             }
             if !progress {
+                return Poll::Pending;
+            }
+            if until == Until::Delivered && self.delivered != delivered_before {
+                // What is left (more in the link, a flush) is the
+                // background task's.
+                cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
         }
@@ -394,7 +442,7 @@ pub(crate) async fn background(d: Arc<Shared>) {
         if !held.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             held.waker = Some(cx.waker().clone());
         }
-        held.pass(&d).0
+        held.pass(&d, Until::Idle).0
     })
     .await;
 }
@@ -403,6 +451,7 @@ pub(crate) async fn background(d: Arc<Shared>) {
 mod tests {
     use bytes::Bytes;
     use futures_util::{FutureExt, SinkExt, StreamExt};
+    use std::task::Poll;
     use uniplane_dataplane::mem::MemLink;
     use uniplane_dataplane::wire::ReqType;
     use uniplane_dataplane::{Endpoint, Uid};
@@ -521,6 +570,41 @@ mod tests {
         assert_eq!(m.unwrap().payload().as_ref(), b"mine");
         let m = other.recv().now_or_never().expect("already in its inbox");
         assert_eq!(m.unwrap().unwrap().payload().as_ref(), b"theirs");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_queue_holds_a_message_back_pushes_back_and_loses_none() {
+        let (shared, mut engine) = session().await;
+        let mut conn = Connection::register(&shared, 80, peer().uid, peer().port);
+        let message = |conn: &mut Connection, i: u32| {
+            let m = conn.message(Bytes::from(i.to_be_bytes().to_vec()));
+            m.unwrap()
+        };
+        // The path held: nothing goes direct; 1024 fill the queue, the
+        // next waits in the connection.
+        let held = shared.path.try_hold().expect("free");
+        for i in 0..1025 {
+            let m = message(&mut conn, i);
+            conn.feed(m).await.unwrap();
+        }
+        let ready = std::future::poll_fn(|cx| Poll::Ready(conn.poll_ready_unpin(cx))).await;
+        assert!(ready.is_pending(), "a full queue pushes back");
+        drop(held);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while got.len() < 1026 {
+                let m = engine.next().await.unwrap().unwrap();
+                got.push(u32::from_be_bytes(m.payload()[..4].try_into().unwrap()));
+            }
+            got
+        });
+        let m = message(&mut conn, 1025);
+        conn.send(m).await.unwrap();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
+            .await
+            .expect("every message through")
+            .unwrap();
+        assert_eq!(got, (0..1026).collect::<Vec<u32>>());
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -18,7 +18,7 @@ use uniplane_dataplane::wire::{
 use uniplane_dataplane::{Endpoint, Link, LinkError, MemoryAddress, Message, Uid};
 
 use crate::control::ControlChannel;
-use crate::datapath::{self, PathCell};
+use crate::datapath::{self, PathCell, Until};
 use crate::protocol::{ConnSpec, Request};
 use crate::window::{self, Window, Windows};
 use crate::{Client, ClientError, Connection, Listener};
@@ -230,7 +230,7 @@ impl Shared {
         let mut until = None;
         loop {
             let delivered = match self.path.try_hold() {
-                Some(mut held) => held.pass(self).1,
+                Some(mut held) => held.pass(self, Until::Delivered).1,
                 None => 0,
             };
             if let Poll::Ready(t) = poll(cx, false) {
