@@ -310,6 +310,12 @@ where
                     Poll::Ready(Some(incoming)) => {
                         progress = true;
                         c.frame_in(incoming);
+                        // A call starts as soon as it comes while there
+                        // is room: the call limit counts the calls that
+                        // wait for a slot, not those read in one burst.
+                        if !c.waiting.is_empty() {
+                            c.start_waiting(cx);
+                        }
                     }
                     Poll::Ready(None) => return Poll::Ready(()),
                     Poll::Pending => break,
