@@ -9,11 +9,16 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{Sink, SinkExt, Stream};
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
+use uniplane_dataplane::ring;
 use uniplane_dataplane::wire::MsgFlags;
 use uniplane_dataplane::{Endpoint, Link, LinkError, Message, Uid};
 
 use crate::protocol::ConnSpec;
-use crate::session::{Inbox, Shared};
+use crate::session::{Inbox, Shared, INBOX_DEPTH};
+
+/// Messages a connection takes from its inbox before it gives their
+/// slots back to the data path.
+const RELEASE_EVERY: usize = 32;
 
 /// Connections arriving at a listening port.
 pub struct Listener {
@@ -60,7 +65,9 @@ pub struct Connection {
     id: u64,
     local: Endpoint,
     remote: Endpoint,
-    inbox: mpsc::Receiver<Result<Message, LinkError>>,
+    inbox: ring::Consumer<Result<Message, LinkError>>,
+    /// Messages taken from the inbox since its slots were last given back.
+    taken: usize,
     /// The session's queue, for a message that could not go straight
     /// into its data path and found the queue full.
     out: PollSender<Message>,
@@ -82,7 +89,7 @@ impl Connection {
         remote: Uid,
         remote_port: u16,
     ) -> Connection {
-        let (tx, rx) = mpsc::channel(1024);
+        let (tx, rx) = ring::ring(INBOX_DEPTH);
         let id = shared.conn_id();
         let key = (local_port, remote, remote_port);
         let mut routes = shared.routes();
@@ -95,6 +102,7 @@ impl Connection {
             local: shared.uid.port(local_port),
             remote: remote.port(remote_port),
             inbox: rx,
+            taken: 0,
             out: PollSender::new(shared.out.clone()),
             held_back: None,
             seq: 0,
@@ -175,15 +183,29 @@ impl Connection {
     /// The next message of the inbox, running the session's data path on
     /// this task while there is none ([`Shared::poll_driving`]).
     fn poll_inbox(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, LinkError>>> {
-        let inbox = &mut self.inbox;
+        let (inbox, taken) = (&mut self.inbox, &mut self.taken);
         self.shared.poll_driving(cx, |cx, register| {
-            if register {
-                return inbox.poll_recv(cx);
+            if let Some(m) = inbox.pop() {
+                // Slots go back in batches: one store for many messages.
+                *taken += 1;
+                if *taken >= RELEASE_EVERY {
+                    *taken = 0;
+                    inbox.release();
+                }
+                return Poll::Ready(Some(m));
             }
-            match inbox.try_recv() {
-                Ok(m) => Poll::Ready(Some(m)),
-                Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
-                Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+            if !register {
+                return if inbox.is_closed() && inbox.available() == 0 {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Pending
+                };
+            }
+            *taken = 0;
+            match inbox.poll_available(cx) {
+                Poll::Ready(true) => Poll::Ready(inbox.pop()),
+                Poll::Ready(false) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
             }
         })
     }

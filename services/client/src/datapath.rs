@@ -101,6 +101,7 @@ impl PathCell {
                 out_open: true,
                 flushing: false,
                 unpublished: 0,
+                publisher_woken: false,
                 ended: false,
                 waker: None,
                 delivered: 0,
@@ -209,6 +210,8 @@ pub(crate) struct Pump {
     flushing: bool,
     /// Messages direct sends wrote since the last publication.
     unpublished: usize,
+    /// The background task was woken to publish them, should nobody else.
+    publisher_woken: bool,
     /// The link ended; every connection of the session has been ended.
     ended: bool,
     /// The background task's waker, once it first ran: every readiness a
@@ -229,8 +232,8 @@ impl Pump {
     /// Runs rounds until nothing moves (`Until::Idle`, the background
     /// task) or until messages went into inboxes (`Until::Delivered`, a
     /// task waiting for its own message: one burst from the link is what
-    /// it can use now, and the background task, woken, carries on); `Ready` once the link ended
-    /// (every connection is then ended). Returns how many messages went
+    /// it can use now, and the background task, woken, carries on);
+    /// `Ready` once the link ended (every connection is then ended). Returns how many messages went
     /// into connections' inboxes, for a caller that wants to know whether
     /// it woke other tasks.
     pub(crate) fn pass(&mut self, d: &Arc<Shared>, until: Until) -> (Poll<()>, u64) {
@@ -306,10 +309,11 @@ impl Pump {
         // publication for a burst, and a sender that never yields still
         // feeds the engine.
         self.unpublished += 1;
+        self.flushing = true;
         if self.unpublished >= BURST {
             let _ = self.flush(cx);
-        } else if !self.flushing {
-            self.flushing = true;
+        } else if !self.publisher_woken {
+            self.publisher_woken = true;
             cx.waker().wake_by_ref();
         }
         Ok(())
@@ -322,6 +326,7 @@ impl Pump {
         if let Poll::Ready(Ok(())) = r {
             self.flushing = false;
             self.unpublished = 0;
+            self.publisher_woken = false;
         } else {
             self.flushing = true;
         }
@@ -338,7 +343,7 @@ impl Pump {
             let mut progress = false;
             // A message waiting for room in its connection's inbox.
             if let Some(st) = self.stalled.as_mut() {
-                match st.poll_deliver(cx) {
+                match st.poll_deliver(d, cx) {
                     Poll::Ready(delivered) => {
                         self.delivered += u64::from(delivered);
                         self.stalled = None;
@@ -506,6 +511,29 @@ mod tests {
         assert_eq!(m.unwrap().unwrap().payload().as_ref(), b"out");
     }
 
+    /// Over shared memory, where what is written is seen only once
+    /// published.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_direct_send_is_published_when_its_task_then_waits_elsewhere() {
+        let cfg = uniplane_shm::ShmConfig::default();
+        let (ours, mut engine) = uniplane_shm::ShmLink::pair(&cfg).await.unwrap();
+        let (shared, _dropped) = Shared::spawn(uid("10.0.0.1:5"), uid("10.0.0.1:0"), ours, false);
+        tokio::task::yield_now().await;
+        let mut conn = Connection::register(&shared, 80, peer().uid, peer().port);
+        conn.send_bytes(Bytes::from("late"))
+            .now_or_never()
+            .expect("taken in this poll")
+            .unwrap();
+        assert_eq!(shared.path.try_hold().map(|h| h.unpublished), Some(1));
+        // This task now waits on something that is not the session.
+        let m = tokio::time::timeout(std::time::Duration::from_secs(2), engine.next())
+            .await
+            .expect("published by the background task")
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.payload().as_ref(), b"late");
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_direct_send_goes_behind_what_was_queued_while_the_path_was_held() {
         let (shared, mut engine) = session().await;
@@ -605,6 +633,39 @@ mod tests {
             .expect("every message through")
             .unwrap();
         assert_eq!(got, (0..1026).collect::<Vec<u32>>());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_inbox_holds_the_receive_side_and_loses_nothing() {
+        let (shared, mut engine) = session().await;
+        let mut conn = Connection::register(&shared, 80, peer().uid, peer().port);
+        let me = conn.local();
+        let total = crate::session::INBOX_DEPTH as u32 + 100;
+        let feeder = tokio::spawn(async move {
+            for i in 0..total {
+                let m = Message::send(peer(), me, Bytes::from(i.to_be_bytes().to_vec()));
+                engine.send(m.unwrap()).await.unwrap();
+            }
+            engine
+        });
+        // Nobody reads until the inbox is full and the link backs up.
+        let full = async {
+            while shared.path.try_hold().is_some_and(|h| h.stalled.is_none()) {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), full)
+            .await
+            .expect("the inbox fills and holds the receive side");
+        for i in 0..total {
+            let m = tokio::time::timeout(std::time::Duration::from_secs(5), conn.recv())
+                .await
+                .expect("in time")
+                .unwrap()
+                .unwrap();
+            assert_eq!(m.payload().as_ref(), i.to_be_bytes());
+        }
+        let _engine = feeder.await.unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
+use uniplane_dataplane::ring;
 use uniplane_dataplane::wire::{
     Header, MsgFlags, ParamForm, Params, PortParams, ReqType, Request as WireRequest, Status,
 };
@@ -86,7 +87,30 @@ fn close_message(me: Uid, key: ConnKey, flag: u8) -> Option<Message> {
 /// dropped connection removes its own entry and no newer one.
 pub(crate) struct Inbox {
     pub(crate) id: u64,
-    pub(crate) tx: mpsc::Sender<Result<Message, LinkError>>,
+    /// The writing end of the connection's inbox ring; written by the
+    /// data path's holder under the routes' lock, published per message
+    /// (the consumer is woken only when it waits).
+    pub(crate) tx: ring::Producer<Result<Message, LinkError>>,
+}
+
+/// Messages a connection's inbox holds before the data path waits for
+/// its task to take some (backpressure, not loss).
+pub(crate) const INBOX_DEPTH: usize = 256;
+
+impl Inbox {
+    /// Puts `item` in the inbox: `Ok(true)` when it went in, `Ok(false)`
+    /// when the connection's end is gone, `Err(item)` when it is full.
+    fn push(
+        &mut self,
+        item: Result<Message, LinkError>,
+    ) -> Result<bool, Result<Message, LinkError>> {
+        if self.tx.is_closed() {
+            return Ok(false);
+        }
+        self.tx.push(item)?;
+        self.tx.flush();
+        Ok(true)
+    }
 }
 
 /// Where received messages go.
@@ -214,17 +238,18 @@ impl Shared {
 
     /// Polls what `poll` waits for, running the data path on this task
     /// meanwhile so that a message the task waits for reaches it without
-    /// another task's turn. `poll(cx, true)` polls the queue a pass fills
-    /// and registers the task with it; `poll(cx, false)` only looks.
-    /// Busy sessions spin for [`BUSY_SPIN`] at most, and stop as soon as
-    /// a pass hands messages to other tasks, then yield; others run one
-    /// pass and wait to be woken.
+    /// another task's turn. `poll(cx, false)` looks at the queue a pass
+    /// fills; `poll(cx, true)` looks and registers the task with it, which
+    /// is done last, before waiting (a pass of this task's own then wakes
+    /// nobody). Busy sessions spin for [`BUSY_SPIN`] at most, and stop as
+    /// soon as a pass hands messages to other tasks, then yield; others
+    /// run one pass and wait to be woken.
     pub(crate) fn poll_driving<T>(
         self: &Arc<Self>,
         cx: &mut std::task::Context<'_>,
         mut poll: impl FnMut(&mut std::task::Context<'_>, bool) -> Poll<T>,
     ) -> Poll<T> {
-        if let Poll::Ready(t) = poll(cx, true) {
+        if let Poll::Ready(t) = poll(cx, false) {
             return Poll::Ready(t);
         }
         let mut until = None;
@@ -236,13 +261,19 @@ impl Shared {
             if let Poll::Ready(t) = poll(cx, false) {
                 return Poll::Ready(t);
             }
-            if !self.busy {
-                return Poll::Pending;
-            }
-            let deadline = *until.get_or_insert_with(|| std::time::Instant::now() + BUSY_SPIN);
-            if delivered > 0 || std::time::Instant::now() >= deadline {
-                // Others have messages, or the spin is spent: their turn.
-                cx.waker().wake_by_ref();
+            let spent = !self.busy || delivered > 0 || {
+                let now = std::time::Instant::now();
+                now >= *until.get_or_insert(now + BUSY_SPIN)
+            };
+            if spent {
+                if let Poll::Ready(t) = poll(cx, true) {
+                    return Poll::Ready(t);
+                }
+                if self.busy {
+                    // Others have messages, or the spin is spent: their
+                    // turn, then this task's again.
+                    cx.waker().wake_by_ref();
+                }
                 return Poll::Pending;
             }
             std::hint::spin_loop();
@@ -552,36 +583,69 @@ async fn close_dropped(
     }
 }
 
-type PermitFuture = Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<
-                    mpsc::OwnedPermit<Result<Message, LinkError>>,
-                    mpsc::error::SendError<()>,
-                >,
-            > + Send,
-    >,
->;
-
 /// A received message waiting for room in a full inbox.
 pub(crate) struct Stalled {
+    key: ConnKey,
+    id: u64,
     message: Option<Result<Message, LinkError>>,
-    permit: PermitFuture,
 }
 
 impl Stalled {
     /// Hands the message over once its inbox has room: `Ready(true)` when
     /// it went in, `Ready(false)` when the connection is gone (the message
-    /// has nowhere to go).
-    pub(crate) fn poll_deliver(&mut self, cx: &mut std::task::Context<'_>) -> Poll<bool> {
-        match self.permit.as_mut().poll(cx) {
-            Poll::Ready(Ok(permit)) => {
-                let went = self.message.take().map(|m| permit.send(m)).is_some();
-                Poll::Ready(went)
-            }
-            Poll::Ready(Err(_)) => Poll::Ready(false),
-            Poll::Pending => Poll::Pending,
+    /// has nowhere to go). Waiting, the inbox wakes `cx` when its task
+    /// took messages.
+    pub(crate) fn poll_deliver(
+        &mut self,
+        d: &Shared,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<bool> {
+        let mut routes = d.routes();
+        let Some(inbox) = routes.conns.get_mut(&self.key).filter(|i| i.id == self.id) else {
+            return Poll::Ready(false);
+        };
+        match inbox.tx.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(())) => return Poll::Ready(false),
+            Poll::Pending => return Poll::Pending,
         }
+        let Some(item) = self.message.take() else {
+            return Poll::Ready(false);
+        };
+        match inbox.push(item) {
+            Ok(went) => Poll::Ready(went),
+            // Room was there a moment ago and only this holder writes.
+            Err(item) => {
+                self.message = Some(item);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// What became of a message for a connection.
+enum Delivery {
+    /// Into its inbox, or dropped because its end is gone.
+    Done(bool),
+    /// Its inbox is full.
+    Full(Stalled),
+    /// No such connection here.
+    Unknown(Result<Message, LinkError>),
+}
+
+/// Puts `item` in the inbox of connection `key`.
+fn deliver(d: &Shared, key: ConnKey, item: Result<Message, LinkError>) -> Delivery {
+    let mut routes = d.routes();
+    let Some(inbox) = routes.conns.get_mut(&key) else {
+        return Delivery::Unknown(item);
+    };
+    match inbox.push(item) {
+        Ok(went) => Delivery::Done(went),
+        Err(item) => Delivery::Full(Stalled {
+            key,
+            id: inbox.id,
+            message: Some(item),
+        }),
     }
 }
 
@@ -610,29 +674,28 @@ pub(crate) fn dispatch(
             close_from_peer(d, key, h.request.params().flag(), replies);
             return Ok(false);
         }
-        let routed = d.routes().conns.get(&key).map(|i| i.tx.clone());
-        let inbox = match routed {
-            Some(inbox) => inbox,
-            None if kind.is_answer() || h.flags.contains(MsgFlags::ERROR) => return Ok(false),
-            None => match accept_early(d, key) {
-                Some(inbox) => inbox,
-                None => return Ok(false),
-            },
-        };
-        let item = if h.flags.contains(MsgFlags::ERROR) {
-            Err(LinkError::PeerFailed(format!("{:?}", h.status())))
-        } else if kind.is_answer() {
+        let error = h.flags.contains(MsgFlags::ERROR);
+        if kind.is_answer() && !error {
             return Ok(false);
+        }
+        let item = if error {
+            Err(LinkError::PeerFailed(format!("{:?}", h.status())))
         } else {
             Ok(m)
         };
-        return match inbox.try_send(item) {
-            Ok(()) => Ok(true),
-            Err(mpsc::error::TrySendError::Full(item)) => Err(Stalled {
-                message: Some(item),
-                permit: Box::pin(inbox.reserve_owned()),
-            }),
-            Err(mpsc::error::TrySendError::Closed(_)) => Ok(false),
+        let item = match deliver(d, key, item) {
+            Delivery::Done(went) => return Ok(went),
+            Delivery::Full(stalled) => return Err(stalled),
+            Delivery::Unknown(_) if kind.is_answer() || error => return Ok(false),
+            Delivery::Unknown(item) => item,
+        };
+        if !accept_early(d, key) {
+            return Ok(false);
+        }
+        return match deliver(d, key, item) {
+            Delivery::Done(went) => Ok(went),
+            Delivery::Full(stalled) => Err(stalled),
+            Delivery::Unknown(_) => Ok(false),
         };
     }
     if kind.is_answer() {
@@ -678,19 +741,21 @@ fn close_from_peer(d: &Arc<Shared>, key: ConnKey, flag: u8, replies: &mut VecDeq
 /// carries it because the daemon admitted the connection, so it is
 /// accepted now (the notice, when it comes, finds it known). Data for a
 /// connection closed here lately is dropped instead.
-fn accept_early(d: &Arc<Shared>, key: ConnKey) -> Option<mpsc::Sender<Result<Message, LinkError>>> {
+/// Whether the connection was accepted (its route is then there).
+fn accept_early(d: &Arc<Shared>, key: ConnKey) -> bool {
     let listener = {
         let routes = d.routes();
         if routes.closed.contains(&key) || routes.closing.contains_key(&key) {
-            return None;
+            return false;
         }
-        routes.listeners.get(&key.0).cloned()?
+        match routes.listeners.get(&key.0) {
+            Some(l) => l.clone(),
+            None => return false,
+        }
     };
     let conn = Connection::register(d, key.0, key.1, key.2);
-    let inbox = d.routes().conns.get(&key).map(|i| i.tx.clone());
     // Refused when nobody accepts any more: dropping it closes it.
-    listener.try_send(conn).ok()?;
-    inbox
+    listener.try_send(conn).is_ok()
 }
 
 fn handle_notice(d: &Arc<Shared>, m: Message) {
@@ -737,12 +802,10 @@ fn handle_notice(d: &Arc<Shared>, m: Message) {
             if let Some(waiter) = routes.closing.remove(&k) {
                 let _ = waiter.send(());
             }
-            if let Some(inbox) = routes.conns.remove(&k) {
+            if let Some(mut inbox) = routes.conns.remove(&k) {
                 routes.closed.insert(k);
                 if h.status() != Status::Ok && h.status() != Status::Closed {
-                    let _ = inbox
-                        .tx
-                        .try_send(Err(LinkError::PeerFailed(format!("{:?}", h.status()))));
+                    let _ = inbox.push(Err(LinkError::PeerFailed(format!("{:?}", h.status()))));
                 }
             }
         }
