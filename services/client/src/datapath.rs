@@ -59,7 +59,7 @@ use futures_util::Sink;
 use tokio::sync::mpsc;
 use uniplane_dataplane::{BoxLink, LinkError, Message};
 
-use crate::session::{dispatch, Shared, Stalled};
+use crate::session::{dispatch, Dispatched, Shared, Stalled};
 
 /// Answers to peers' requests queued before a pass stops taking more from
 /// the link (backpressure on the peers).
@@ -359,9 +359,9 @@ impl Pump {
                     };
                     progress = true;
                     match dispatch(d, m, &mut self.outbound) {
-                        Ok(true) => self.delivered += 1,
-                        Ok(false) => {}
-                        Err(st) => {
+                        Dispatched::Delivered => self.delivered += 1,
+                        Dispatched::Handled => {}
+                        Dispatched::Full(st) => {
                             // Round once more so the permit future is
                             // polled and registers the task.
                             self.stalled = Some(st);

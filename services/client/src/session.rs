@@ -649,34 +649,48 @@ fn deliver(d: &Shared, key: ConnKey, item: Result<Message, LinkError>) -> Delive
     }
 }
 
+/// What [`dispatch`] did with a message.
+pub(crate) enum Dispatched {
+    /// It went to a connection's inbox or a call's waiter.
+    Delivered,
+    /// It was handled otherwise (a notice, a window's request) or dropped.
+    Handled,
+    /// Its connection's inbox is full: it waits.
+    Full(Stalled),
+}
+
+impl From<bool> for Dispatched {
+    fn from(delivered: bool) -> Self {
+        if delivered {
+            Dispatched::Delivered
+        } else {
+            Dispatched::Handled
+        }
+    }
+}
+
 /// Delivers one received message, queueing any answer it needs in
-/// `replies`: `Ok(true)` when it went into a connection's inbox,
-/// `Ok(false)` when it was handled otherwise (or dropped), `Err` when its
-/// connection's inbox is full.
-pub(crate) fn dispatch(
-    d: &Arc<Shared>,
-    m: Message,
-    replies: &mut VecDeque<Message>,
-) -> Result<bool, Stalled> {
+/// `replies`.
+pub(crate) fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Message>) -> Dispatched {
     let h = *m.header();
     let kind = h.request.kind();
     // Notices from the daemon: a connection arrived, or one is gone.
     if h.src == d.daemon && matches!(kind, ReqType::Connect | ReqType::Close | ReqType::Notify) {
         handle_notice(d, m);
-        return Ok(false);
+        return Dispatched::Handled;
     }
     if kind.form() == ParamForm::Port {
         let Some((src_port, dst_port)) = h.request.ports() else {
-            return Ok(false);
+            return Dispatched::Handled;
         };
         let key = (dst_port, h.src, src_port);
         if kind == ReqType::Close {
             close_from_peer(d, key, h.request.params().flag(), replies);
-            return Ok(false);
+            return Dispatched::Handled;
         }
         let error = h.flags.contains(MsgFlags::ERROR);
         if kind.is_answer() && !error {
-            return Ok(false);
+            return Dispatched::Handled;
         }
         let item = if error {
             Err(LinkError::PeerFailed(format!("{:?}", h.status())))
@@ -684,18 +698,18 @@ pub(crate) fn dispatch(
             Ok(m)
         };
         let item = match deliver(d, key, item) {
-            Delivery::Done(went) => return Ok(went),
-            Delivery::Full(stalled) => return Err(stalled),
-            Delivery::Unknown(_) if kind.is_answer() || error => return Ok(false),
+            Delivery::Done(went) => return went.into(),
+            Delivery::Full(stalled) => return Dispatched::Full(stalled),
+            Delivery::Unknown(_) if kind.is_answer() || error => return Dispatched::Handled,
             Delivery::Unknown(item) => item,
         };
         if !accept_early(d, key) {
-            return Ok(false);
+            return Dispatched::Handled;
         }
         return match deliver(d, key, item) {
-            Delivery::Done(went) => Ok(went),
-            Delivery::Full(stalled) => Err(stalled),
-            Delivery::Unknown(_) => Ok(false),
+            Delivery::Done(went) => went.into(),
+            Delivery::Full(stalled) => Dispatched::Full(stalled),
+            Delivery::Unknown(_) => Dispatched::Handled,
         };
     }
     if kind.is_answer() {
@@ -703,7 +717,7 @@ pub(crate) fn dispatch(
         let waiter = d.routes().pending.remove(&(h.src, h.seqnum));
         if let Some(w) = waiter {
             w.deliver(m);
-            return Ok(true);
+            return Dispatched::Delivered;
         }
     } else if h.dst != d.uid {
         tracing::debug!(dst = %h.dst, "one-sided request for another resource");
@@ -713,7 +727,7 @@ pub(crate) fn dispatch(
             d.routes().windows.find(addr, len)
         }));
     }
-    Ok(false)
+    Dispatched::Handled
 }
 
 /// An in-band CLOSE from the far end of `key`: a FIN ends the
