@@ -20,9 +20,10 @@
 //! hand-offs per round trip on the application's runtime (each a turn of
 //! the scheduler, and with a busy-polling runtime a reactor poll). Now the
 //! task that sends runs the send itself when the path is free — its
-//! message goes from its own `start_send` into the ring — and a task
-//! waiting for a message runs the receive pass itself, so the answer goes
-//! from the ring into its own inbox and out of its own poll. The
+//! message goes from its own `start_send` into the ring — and, in a
+//! busy-polling session, a task waiting for a message runs the receive
+//! pass itself, so the answer goes from the ring into its own inbox and
+//! out of its own poll. The
 //! background task remains for everything nobody waits for: peers'
 //! one-sided requests, notices, messages for connections whose task is
 //! busy elsewhere.
@@ -471,8 +472,17 @@ mod tests {
     /// A session whose far end (the "engine") is the returned link, its
     /// background task run once (so other tasks may run the path).
     async fn session() -> (Arc<Shared>, MemLink) {
+        session_waiting(false).await
+    }
+
+    /// [`session`], busy-polling: a waiting task runs the path itself.
+    async fn busy_session() -> (Arc<Shared>, MemLink) {
+        session_waiting(true).await
+    }
+
+    async fn session_waiting(busy: bool) -> (Arc<Shared>, MemLink) {
         let (ours, engine) = uniplane_dataplane::mem::pair(64);
-        let (shared, _dropped) = Shared::spawn(uid("10.0.0.1:5"), uid("10.0.0.1:0"), ours, false);
+        let (shared, _dropped) = Shared::spawn(uid("10.0.0.1:5"), uid("10.0.0.1:0"), ours, busy);
         tokio::task::yield_now().await;
         (shared, engine)
     }
@@ -490,13 +500,26 @@ mod tests {
     /// in the test's own poll.
     #[tokio::test(flavor = "current_thread")]
     async fn a_waiting_connection_takes_its_message_from_the_link_itself() {
-        let (shared, mut engine) = session().await;
+        let (shared, mut engine) = busy_session().await;
         let mut conn = Connection::register(&shared, 80, peer().uid, peer().port);
         let me = conn.local();
         engine.send(send(peer(), me, "hello")).await.unwrap();
         let got = conn.recv().now_or_never();
         let m = got.expect("received in this poll").unwrap().unwrap();
         assert_eq!(m.payload().as_ref(), b"hello");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_parked_sessions_waiting_connection_leaves_the_path_to_the_background_task() {
+        let (shared, mut engine) = session().await;
+        let mut conn = Connection::register(&shared, 80, peer().uid, peer().port);
+        let me = conn.local();
+        engine.send(send(peer(), me, "later")).await.unwrap();
+        assert!(conn.recv().now_or_never().is_none(), "not in this poll");
+        let m = tokio::time::timeout(std::time::Duration::from_secs(2), conn.recv())
+            .await
+            .expect("the background task moved it");
+        assert_eq!(m.unwrap().unwrap().payload().as_ref(), b"later");
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -583,7 +606,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_message_for_another_connection_is_handed_to_its_inbox() {
-        let (shared, mut engine) = session().await;
+        let (shared, mut engine) = busy_session().await;
         let mut mine = Connection::register(&shared, 80, peer().uid, peer().port);
         let mut other = Connection::register(&shared, 81, peer().uid, peer().port);
         engine
@@ -670,7 +693,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn the_links_end_ends_every_connection_whoever_ran_the_pass() {
-        let (shared, engine) = session().await;
+        let (shared, engine) = busy_session().await;
         let mut conn = Connection::register(&shared, 80, peer().uid, peer().port);
         drop(engine);
         let end = conn.recv().now_or_never().expect("seen in this poll");

@@ -18,9 +18,9 @@
 //! engine) and every connection's messages, one-sided writes and reads,
 //! and their answers travel on it. Whichever task of the session finds
 //! the data path free moves it: a connection that sends writes into the
-//! ring in its own poll, a connection waiting for a message takes it from
-//! the ring in its own poll, and a background task per session does the
-//! rest — peers' one-sided requests against the session's memory
+//! ring in its own poll, a connection of a busy-polling session waiting
+//! for a message takes it from the ring in its own poll, and a background
+//! task per session does the rest — peers' one-sided requests against the session's memory
 //! [`Window`]s, notices, messages nobody is waiting for.
 //!
 //! How the data path waits for the engine is chosen per session with
