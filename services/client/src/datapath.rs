@@ -429,6 +429,10 @@ impl Pump {
     fn end(&mut self, d: &Arc<Shared>) {
         self.ended = true;
         self.stalled = None;
+        // Nothing will drain the queue: a send after the end fails
+        // (`Closed`) instead of waiting in it for ever.
+        self.out.close();
+        self.outbound.clear();
         d.end_routes();
         if let Some(w) = &self.waker {
             // The background task finds the path ended and returns.
@@ -460,6 +464,7 @@ mod tests {
     use std::task::Poll;
     use uniplane_dataplane::mem::MemLink;
     use uniplane_dataplane::wire::ReqType;
+    use uniplane_dataplane::LinkError;
     use uniplane_dataplane::{Endpoint, Uid};
 
     use super::*;
@@ -699,5 +704,8 @@ mod tests {
         let end = conn.recv().now_or_never().expect("seen in this poll");
         assert!(end.is_none(), "{end:?}");
         assert!(shared.path.try_hold().is_some_and(|h| h.ended));
+        // And what is sent after the end is refused, not queued for ever.
+        let sent = conn.send_bytes(Bytes::from("late")).now_or_never();
+        assert!(matches!(sent, Some(Err(LinkError::Closed))), "{sent:?}");
     }
 }
