@@ -65,7 +65,9 @@ pub struct Connection {
     id: u64,
     local: Endpoint,
     remote: Endpoint,
-    inbox: ring::Consumer<Result<Message, LinkError>>,
+    /// Boxed: a ring end sits on a cache line of its own, which would
+    /// make every `Connection` (and what holds one) 128-byte aligned.
+    inbox: Box<ring::Consumer<Result<Message, LinkError>>>,
     /// Messages taken from the inbox since its slots were last given back.
     taken: usize,
     /// The session's queue, for a message that could not go straight
@@ -101,7 +103,7 @@ impl Connection {
             id,
             local: shared.uid.port(local_port),
             remote: remote.port(remote_port),
-            inbox: rx,
+            inbox: Box::new(rx),
             taken: 0,
             out: PollSender::new(shared.out.clone()),
             held_back: None,
