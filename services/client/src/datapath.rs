@@ -223,20 +223,14 @@ pub(crate) struct Pump {
 }
 
 impl Pump {
-    /// Whether a task other than the background one may run the path: the
-    /// background task has run once (so there is a waker to register) and
-    /// the link has not ended.
-    fn usable(&self) -> bool {
-        self.waker.is_some() && !self.ended
-    }
-
     /// Runs rounds until nothing moves (`Until::Idle`, the background
     /// task) or until messages went into inboxes (`Until::Delivered`, a
     /// task waiting for its own message: one burst from the link is what
     /// it can use now, and the background task, woken, carries on);
-    /// `Ready` once the link ended (every connection is then ended). Returns how many messages went
-    /// into connections' inboxes, for a caller that wants to know whether
-    /// it woke other tasks.
+    /// `Ready` once the link ended (every connection is then ended).
+    /// Returns how many messages went into connections' inboxes, for a
+    /// caller that wants to know whether it woke other tasks. Nothing runs
+    /// before the background task's first turn (no waker to register yet).
     pub(crate) fn pass(&mut self, d: &Arc<Shared>, until: Until) -> (Poll<()>, u64) {
         let before = self.delivered;
         if self.ended {
@@ -260,10 +254,11 @@ impl Pump {
     }
 
     /// Sends `m` into the link now if everything queued before it went
-    /// too; hands `m` back otherwise (the caller then queues it). Never
-    /// waits.
+    /// too; hands `m` back otherwise (the caller then queues it): also
+    /// once the link ended, and before the background task's first turn.
+    /// Never waits.
     pub(crate) fn send_direct(&mut self, m: Message) -> Result<(), Message> {
-        if !self.usable() {
+        if self.ended {
             return Err(m);
         }
         let Some(waker) = self.waker.take() else {

@@ -361,13 +361,12 @@ impl Shared {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         m.set_seqnum(seq);
         let key = (m.header().dst, seq);
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         self.routes().pending.insert(key, Waiter::One(tx));
         if self.send(m).await.is_err() {
             self.routes().pending.remove(&key);
             return Err(ClientError::Link(LinkError::Closed));
         }
-        let mut rx = rx;
         let answered = std::future::poll_fn(|cx| {
             self.poll_driving(cx, |cx, register| {
                 if register {
@@ -628,32 +627,6 @@ impl Stalled {
     }
 }
 
-/// What became of a message for a connection.
-enum Delivery {
-    /// Into its inbox, or dropped because its end is gone.
-    Done(bool),
-    /// Its inbox is full.
-    Full(Stalled),
-    /// No such connection here.
-    Unknown(Result<Message, LinkError>),
-}
-
-/// Puts `item` in the inbox of connection `key`.
-fn deliver(d: &Shared, key: ConnKey, item: Result<Message, LinkError>) -> Delivery {
-    let mut routes = d.routes();
-    let Some(inbox) = routes.conns.get_mut(&key) else {
-        return Delivery::Unknown(item);
-    };
-    match inbox.push(item) {
-        Ok(went) => Delivery::Done(went),
-        Err(item) => Delivery::Full(Stalled {
-            key,
-            id: inbox.id,
-            message: Some(item),
-        }),
-    }
-}
-
 /// What [`dispatch`] did with a message.
 pub(crate) enum Dispatched {
     /// It went to a connection's inbox or a call's waiter.
@@ -672,6 +645,27 @@ impl From<bool> for Dispatched {
             Dispatched::Handled
         }
     }
+}
+
+/// Puts `item` in the inbox of connection `key`; hands it back when
+/// there is no such connection here.
+fn deliver(
+    d: &Shared,
+    key: ConnKey,
+    item: Result<Message, LinkError>,
+) -> Result<Dispatched, Result<Message, LinkError>> {
+    let mut routes = d.routes();
+    let Some(inbox) = routes.conns.get_mut(&key) else {
+        return Err(item);
+    };
+    Ok(match inbox.push(item) {
+        Ok(went) => went.into(),
+        Err(item) => Dispatched::Full(Stalled {
+            key,
+            id: inbox.id,
+            message: Some(item),
+        }),
+    })
 }
 
 /// Delivers one received message, queueing any answer it needs in
@@ -703,19 +697,14 @@ pub(crate) fn dispatch(d: &Arc<Shared>, m: Message, replies: &mut VecDeque<Messa
             Ok(m)
         };
         let item = match deliver(d, key, item) {
-            Delivery::Done(went) => return went.into(),
-            Delivery::Full(stalled) => return Dispatched::Full(stalled),
-            Delivery::Unknown(_) if kind.is_answer() || error => return Dispatched::Handled,
-            Delivery::Unknown(item) => item,
+            Ok(done) => return done,
+            Err(_) if kind.is_answer() || error => return Dispatched::Handled,
+            Err(item) => item,
         };
         if !accept_early(d, key) {
             return Dispatched::Handled;
         }
-        return match deliver(d, key, item) {
-            Delivery::Done(went) => went.into(),
-            Delivery::Full(stalled) => Dispatched::Full(stalled),
-            Delivery::Unknown(_) => Dispatched::Handled,
-        };
+        return deliver(d, key, item).unwrap_or(Dispatched::Handled);
     }
     if kind.is_answer() {
         // Only the resource asked may answer: (source, seq), not seq alone.
@@ -759,8 +748,8 @@ fn close_from_peer(d: &Arc<Shared>, key: ConnKey, flag: u8, replies: &mut VecDeq
 /// engine input and may come after the first data. The engine only
 /// carries it because the daemon admitted the connection, so it is
 /// accepted now (the notice, when it comes, finds it known). Data for a
-/// connection closed here lately is dropped instead.
-/// Whether the connection was accepted (its route is then there).
+/// connection closed here lately is dropped instead. Returns whether the
+/// connection was accepted (its route is then there).
 fn accept_early(d: &Arc<Shared>, key: ConnKey) -> bool {
     let listener = {
         let routes = d.routes();
