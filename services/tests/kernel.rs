@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::{Endpoint, LinkError};
-use uniplane_services::client::{embedded, ClientError};
+use uniplane_services::client::{embedded, ClientError, Session};
 use uniplane_services::config::Config;
 #[cfg(feature = "rtl")]
 use uniplane_services::control::Request;
@@ -92,9 +92,9 @@ struct Sent {
 /// two spread evenly), and checks every answer byte for byte: the echo,
 /// the sum of whole words against [`sum32`], and for one sum in four a
 /// payload of partial words, refused with BadRequest while the
-/// connection goes on.
-async fn byte_exact(dir: &Path, count: u32, max_bits: u32) -> Sent {
-    let session = app(dir).await;
+/// connection goes on. The connections are dropped at the end (each
+/// closes in band); the session lives as long as the caller keeps it.
+async fn byte_exact(session: &Session, count: u32, max_bits: u32) -> Sent {
     let mut echo = session.connect(at(2)).await.unwrap();
     let mut sum = session.connect(at(3)).await.unwrap();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -156,7 +156,7 @@ async fn ten_thousand_random_messages_are_answered_byte_exact_small_by_pio_large
     )
     .await
     .unwrap();
-    let sent = byte_exact(&dir, 10_000, 16).await;
+    let sent = byte_exact(&app(&dir).await, 10_000, 16).await;
     for (name, k) in [("k2", 0), ("k3", 1)] {
         let d = device(&client, name).await;
         assert_eq!(
@@ -201,7 +201,10 @@ async fn the_rtl_kernels_answer_the_same_messages_byte_exact() {
     let status = client.request(&Request::Status).await.unwrap();
     assert_eq!(status["plane"], "rtl");
     let count = 2_000;
-    let sent = byte_exact(&dir, count, 16).await;
+    // The session stays while the counters are read: its end would send
+    // each kernel the NOTIFY of its connections' end, beside the CLOSE.
+    let session = app(&dir).await;
+    let sent = byte_exact(&session, count, 16).await;
     for (name, number, function, port, k) in [("k2", 2, "echo", 6, 0), ("k3", 3, "sum32", 7, 1)] {
         let d = device(&client, name).await;
         assert_eq!(
@@ -232,6 +235,7 @@ async fn the_rtl_kernels_answer_the_same_messages_byte_exact() {
         assert_eq!(t["counters"]["rx_msgs"], messages, "{t}");
     }
     assert!(sent.refused > 100 && sent.connect.iter().all(|&n| n > 300));
+    drop(session);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
