@@ -179,6 +179,58 @@ async fn busy_polling_links_carry_the_same_traffic_on_both_backends() {
     }
 }
 
+/// One message in flight at a time, one per datagram: every send is a
+/// single datagram (`sendto`) and every busy probe asks for one
+/// (`recvfrom`), on the clients' connected sockets and on the listener's
+/// unconnected one, where the sender's address is what tells two peers
+/// apart.
+#[tokio::test]
+async fn a_ping_pong_of_single_datagrams_keeps_each_peer_apart() {
+    for busy in [None, Some(std::time::Duration::from_micros(200))] {
+        let stack = UdpStack::with_config(UdpConfig {
+            pack: false,
+            gro: false,
+            busy_poll: busy,
+            ..UdpConfig::default()
+        });
+        let mut listener = stack.listen_now(&loopback()).unwrap();
+        let at = Locator::Socket(listener.local_addr());
+        let mut clients = [
+            stack.connect_now(&at).unwrap(),
+            stack.connect_now(&at).unwrap(),
+        ];
+        let mut servers = Vec::new();
+        for (c, client) in clients.iter_mut().enumerate() {
+            client.send(msg(1000 * c as u32, 64)).await.unwrap();
+            let mut server = within(5, listener.next()).await.unwrap().unwrap();
+            let first = within(5, server.next()).await.unwrap().unwrap();
+            assert_eq!(first.header().seqnum, 1000 * c as u32);
+            servers.push(server);
+        }
+        for round in 1..=50u32 {
+            for c in 0..2 {
+                let seq = 1000 * c as u32 + round;
+                clients[c].send(msg(seq, 64)).await.unwrap();
+                let got = within(5, servers[c].next()).await.unwrap().unwrap();
+                assert_eq!(
+                    got.header().seqnum,
+                    seq,
+                    "server {c} got another peer's message"
+                );
+                assert_eq!(got.payload(), msg(seq, 64).payload());
+                servers[c].send(got).await.unwrap();
+                let back = within(5, clients[c].next()).await.unwrap().unwrap();
+                assert_eq!(back.header().seqnum, seq);
+            }
+        }
+        let s = stack.stats();
+        assert_eq!(s.tx_datagrams, s.tx_messages, "{s:?}");
+        assert_eq!(s.rx_messages, s.tx_messages, "{s:?}");
+        assert_eq!(s.tx_messages, 2 + 2 * 50 * 2);
+        assert_eq!(s.malformed, 0);
+    }
+}
+
 #[tokio::test]
 async fn a_busy_polling_link_idle_past_its_budget_still_wakes_for_a_datagram() {
     let stack = UdpStack::with_config(UdpConfig {
