@@ -127,8 +127,13 @@ impl Default for UdpConfig {
     }
 }
 
-/// Counters shared by every socket of one stack, updated once per burst.
+/// Counters of one socket, updated once per burst by the task that owns
+/// it, on cache lines of their own. One set shared by every socket of a
+/// stack made each burst a write to a line the peer's core wrote last: on a
+/// ping-pong over loopback two such misses a hop, ~0.1 us of a 4 us round
+/// trip.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 struct Counters {
     rx_datagrams: AtomicU64,
     rx_messages: AtomicU64,
@@ -156,16 +161,90 @@ pub struct UdpStats {
 }
 
 impl Counters {
-    fn snapshot(&self) -> UdpStats {
+    /// Adds these counters to `to`.
+    fn add_to(&self, to: &mut UdpStats) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        UdpStats {
-            rx_datagrams: get(&self.rx_datagrams),
-            rx_messages: get(&self.rx_messages),
-            tx_datagrams: get(&self.tx_datagrams),
-            tx_messages: get(&self.tx_messages),
-            malformed: get(&self.malformed),
-            refused_peers: get(&self.refused_peers),
+        to.rx_datagrams += get(&self.rx_datagrams);
+        to.rx_messages += get(&self.rx_messages);
+        to.tx_datagrams += get(&self.tx_datagrams);
+        to.tx_messages += get(&self.tx_messages);
+        to.malformed += get(&self.malformed);
+        to.refused_peers += get(&self.refused_peers);
+    }
+
+    /// Adds `from` to these counters.
+    fn absorb(&self, from: &Counters) {
+        let mut s = UdpStats::default();
+        from.add_to(&mut s);
+        let add = |c: &AtomicU64, v: u64| c.fetch_add(v, Ordering::Relaxed);
+        add(&self.rx_datagrams, s.rx_datagrams);
+        add(&self.rx_messages, s.rx_messages);
+        add(&self.tx_datagrams, s.tx_datagrams);
+        add(&self.tx_messages, s.tx_messages);
+        add(&self.malformed, s.malformed);
+        add(&self.refused_peers, s.refused_peers);
+    }
+}
+
+/// The counters of a stack's sockets: those open, and the sum of those
+/// closed. The lock is taken when a socket opens or closes and when the
+/// stack is asked for its figures, never per burst.
+#[derive(Debug, Default)]
+struct CounterSet {
+    open: Mutex<Vec<Arc<Counters>>>,
+    closed: Counters,
+}
+
+impl CounterSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Counters>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counters for a new socket, counted in this set until it closes.
+    fn socket(self: &Arc<Self>) -> SocketCounters {
+        let own = Arc::new(Counters::default());
+        self.lock().push(own.clone());
+        SocketCounters {
+            own,
+            set: self.clone(),
         }
+    }
+
+    fn snapshot(&self) -> UdpStats {
+        let open = self.lock();
+        let mut s = UdpStats::default();
+        self.closed.add_to(&mut s);
+        for c in open.iter() {
+            c.add_to(&mut s);
+        }
+        s
+    }
+}
+
+/// One socket's counters; what they counted moves to the stack's closed
+/// sum when the socket closes.
+#[derive(Debug)]
+struct SocketCounters {
+    own: Arc<Counters>,
+    set: Arc<CounterSet>,
+}
+
+impl std::ops::Deref for SocketCounters {
+    type Target = Counters;
+    fn deref(&self) -> &Counters {
+        &self.own
+    }
+}
+
+impl Drop for SocketCounters {
+    fn drop(&mut self) {
+        let mut open = self.set.lock();
+        if let Some(i) = open.iter().position(|c| Arc::ptr_eq(c, &self.own)) {
+            open.swap_remove(i);
+        }
+        // Under the lock, so a snapshot sees these counts once, either here
+        // or in the closed sum.
+        self.set.closed.absorb(&self.own);
     }
 }
 
@@ -360,7 +439,7 @@ pub struct UdpSocketIo {
     tx: TxBatch<SocketAddr>,
     /// Messages accepted since the counters were last updated.
     tx_messages: u64,
-    counters: Arc<Counters>,
+    counters: SocketCounters,
     stragglers: Option<Arc<Stragglers>>,
 }
 
@@ -375,7 +454,7 @@ impl std::fmt::Debug for UdpSocketIo {
 }
 
 impl UdpSocketIo {
-    fn new(port: UdpPort, peer: SocketAddr, cfg: &UdpConfig, counters: Arc<Counters>) -> Self {
+    fn new(port: UdpPort, peer: SocketAddr, cfg: &UdpConfig, counters: SocketCounters) -> Self {
         let max_datagram = port.max_datagram_size();
         UdpSocketIo {
             port,
@@ -509,7 +588,8 @@ fn new_link(io: UdpSocketIo, first: VecDeque<Message>) -> UdpLink {
 pub struct UdpListener {
     port: UdpPort,
     config: UdpConfig,
-    counters: Arc<Counters>,
+    counters: SocketCounters,
+    set: Arc<CounterSet>,
     peers: HashMap<SocketAddr, Weak<Stragglers>>,
     rx: Vec<Datagram<SocketAddr>>,
     ready: VecDeque<UdpLink>,
@@ -551,7 +631,7 @@ impl UdpListener {
         let socket = bind_socket(self.local_addr(), &self.config, true)?;
         socket.connect(&SockAddr::from(peer))?;
         let port = UdpPort::open(socket, Some(peer), &self.config)?;
-        let mut io = UdpSocketIo::new(port, peer, &self.config, self.counters.clone());
+        let mut io = UdpSocketIo::new(port, peer, &self.config, self.set.socket());
         let stragglers = Arc::new(Stragglers::default());
         self.peers.insert(peer, Arc::downgrade(&stragglers));
         io.stragglers = Some(stragglers);
@@ -598,7 +678,7 @@ impl Stream for UdpListener {
 #[derive(Clone, Debug, Default)]
 pub struct UdpStack {
     config: UdpConfig,
-    counters: Arc<Counters>,
+    counters: Arc<CounterSet>,
 }
 
 impl UdpStack {
@@ -641,7 +721,7 @@ impl UdpStack {
         let socket = bind_socket(unspecified_like(&addr), &self.config, false)?;
         socket.connect(&SockAddr::from(addr))?;
         let port = UdpPort::open(socket, Some(addr), &self.config)?;
-        let io = UdpSocketIo::new(port, addr, &self.config, self.counters.clone());
+        let io = UdpSocketIo::new(port, addr, &self.config, self.counters.socket());
         Ok(new_link(io, VecDeque::with_capacity(1024)))
     }
 
@@ -661,7 +741,8 @@ impl UdpStack {
         Ok(UdpListener {
             port,
             config: self.config.clone(),
-            counters: self.counters.clone(),
+            counters: self.counters.socket(),
+            set: self.counters.clone(),
             peers: HashMap::new(),
             rx: Vec::with_capacity(socket::MAX_BATCH),
             ready: VecDeque::new(),
@@ -697,5 +778,32 @@ impl Stack for UdpStack {
                 r.map(|l| Box::new(l) as BoxLink)
             })) as BoxListener)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stacks_figures_sum_its_open_sockets_and_keep_those_of_closed_ones() {
+        let set = Arc::new(CounterSet::default());
+        let a = set.socket();
+        let b = set.socket();
+        a.rx_datagrams.fetch_add(3, Ordering::Relaxed);
+        b.rx_datagrams.fetch_add(4, Ordering::Relaxed);
+        b.tx_messages.fetch_add(5, Ordering::Relaxed);
+        assert_eq!(set.snapshot().rx_datagrams, 7);
+        drop(b);
+        let s = set.snapshot();
+        assert_eq!((s.rx_datagrams, s.tx_messages), (7, 5));
+        assert_eq!(set.lock().len(), 1, "the closed socket left the open list");
+        a.malformed.fetch_add(1, Ordering::Relaxed);
+        drop(a);
+        let s = set.snapshot();
+        assert_eq!((s.rx_datagrams, s.tx_messages, s.malformed), (7, 5, 1));
+        assert!(set.lock().is_empty());
+        // Each socket's counters on lines of their own.
+        assert_eq!(std::mem::align_of::<Counters>(), 128);
     }
 }
