@@ -29,12 +29,26 @@ pub const L1_OVERHEAD: u64 = 14 + 4 + 8 + 12;
 /// Counters one side writes (once per batch, a plain store by their only
 /// writer) and the watcher reads once a second. Only measured traffic is
 /// counted: warm-up is not.
+///
+/// The flags, the sender's counters and the receiver's each have cache
+/// lines of their own: every side reads the flags each turn, while each
+/// group of counters is written each turn by one side. Sharing a line, a
+/// busy ping-pong's echo read a line the client had just written on every
+/// hop (two cross-core misses a round trip).
 #[derive(Debug)]
+#[repr(C, align(128))]
 pub struct Meter {
+    /// The sender has stopped; `tx_msgs` is final.
+    pub sender_done: AtomicBool,
+    /// A side failed: everyone stops.
+    pub abort: AtomicBool,
+    _flags_apart: [u8; 126],
     /// Messages sent after warm-up.
     pub tx_msgs: AtomicU64,
     /// Encoded bytes of those.
     pub tx_bytes: AtomicU64,
+    // The sender's counters apart from the receiver's.
+    _tx_apart: [u8; 112],
     /// Messages received after warm-up (or round trips completed).
     pub rx_msgs: AtomicU64,
     /// Encoded bytes of those.
@@ -47,25 +61,23 @@ pub struct Meter {
     pub latency_sum_ns: AtomicU64,
     /// When measurement started (clock ns); `u64::MAX` before.
     pub measure_start_ns: AtomicU64,
-    /// The sender has stopped; `tx_msgs` is final.
-    pub sender_done: AtomicBool,
-    /// A side failed: everyone stops.
-    pub abort: AtomicBool,
 }
 
 impl Default for Meter {
     fn default() -> Self {
         Meter {
+            sender_done: AtomicBool::new(false),
+            abort: AtomicBool::new(false),
+            _flags_apart: [0; 126],
             tx_msgs: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
+            _tx_apart: [0; 112],
             rx_msgs: AtomicU64::new(0),
             rx_bytes: AtomicU64::new(0),
             drops: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             latency_sum_ns: AtomicU64::new(0),
             measure_start_ns: AtomicU64::new(u64::MAX),
-            sender_done: AtomicBool::new(false),
-            abort: AtomicBool::new(false),
         }
     }
 }
@@ -327,6 +339,18 @@ pub const MAX_FLOWS: u32 = 1 << 20;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_meters_flags_and_each_sides_counters_lie_on_separate_lines() {
+        use std::mem::{align_of, offset_of};
+        // 128: a line and the one its pair-prefetcher fetches with it.
+        assert_eq!(align_of::<Meter>(), 128);
+        let flags_end = offset_of!(Meter, abort) + 1;
+        let tx = (offset_of!(Meter, tx_msgs), offset_of!(Meter, tx_bytes) + 8);
+        let rx = offset_of!(Meter, rx_msgs);
+        assert!(flags_end <= 128 && tx.0 == 128, "{flags_end} {tx:?}");
+        assert!(tx.1 <= 256 && rx == 256, "{tx:?} {rx}");
+    }
 
     #[test]
     fn flows_differ_in_source_port_and_uid() {
