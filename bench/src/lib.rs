@@ -89,5 +89,6 @@ pub mod stacks;
 pub mod stamp;
 pub mod suite;
 pub mod tunnel;
+pub mod wake;
 
 pub use error::BenchError;

@@ -97,6 +97,9 @@ enum Command {
     Suite(SuiteArgs),
     /// DUA's applications (NSDI'19 §8.2) through daemons started here.
     App(AppArgs),
+    /// The floor of a paced sender's CPU: a thread that only wakes at the
+    /// rate (clock_nanosleep to absolute times) and does nothing else.
+    Wake(WakeArgs),
     /// Writes this command's manual pages and shell completions into DIR
     /// (for packaging).
     #[command(hide = true)]
@@ -104,6 +107,16 @@ enum Command {
         /// Where to write them.
         dir: std::path::PathBuf,
     },
+}
+
+#[derive(Args)]
+struct WakeArgs {
+    /// Wake-ups per second, as a message rate: 2kpps, 500pps.
+    #[arg(long, default_value = "2kpps")]
+    rate: Rate,
+    /// Seconds of wake-ups.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
 }
 
 #[derive(Args)]
@@ -2586,6 +2599,38 @@ fn hw(_: &Cli, _: &HwArgs) -> Result<(), BenchError> {
     ))
 }
 
+fn wake(cli: &Cli, a: &WakeArgs) -> Result<(), BenchError> {
+    let pps = match a.rate {
+        Rate::Pps(p) => p,
+        other => {
+            return Err(BenchError::Config(format!(
+                "wake: --rate is a message rate (2kpps), not {other}"
+            )))
+        }
+    };
+    let r = uniplane_bench::wake::run_wake(pps, a.seconds)?;
+    let late = r.late.percentiles();
+    println!(
+        "wake at {pps} per second: {} wake-ups in {:.3} s, the thread's CPU {:.1} ms ({:.2} % of a core, {:.1} us a wake-up); late p50 {} ns, p99 {} ns",
+        r.wakeups,
+        r.seconds,
+        r.cpu.as_secs_f64() * 1e3,
+        r.cpu_percent(),
+        r.cpu.as_secs_f64() * 1e6 / r.wakeups.max(1) as f64,
+        late.p50,
+        late.p99,
+    );
+    let params = json!({ "rate": a.rate.to_string(), "seconds": a.seconds });
+    let results = json!({
+        "wakeups": r.wakeups,
+        "seconds": r.seconds,
+        "thread_cpu_percent": r.cpu_percent(),
+        "cpu_ns_per_wakeup": r.cpu.as_nanos() as f64 / r.wakeups.max(1) as f64,
+        "late_ns": late,
+    });
+    emit(cli.json, &Report::new("wake", params, results))
+}
+
 #[cfg(feature = "rtl")]
 fn hw(cli: &Cli, a: &HwArgs) -> Result<(), BenchError> {
     use uniplane_bench::hw::{run_hw, HwBench, HwPattern};
@@ -2825,6 +2870,7 @@ fn main() -> ExitCode {
         Command::P2p(a) => p2p(&cli, a),
         Command::Hw(a) => hw(&cli, a),
         Command::Suite(a) => suite(&cli, a),
+        Command::Wake(a) => wake(&cli, a),
         Command::App(a) => match &a.app {
             AppCommand::DeepCrossing(d) => app_deep_crossing(&cli, d),
             AppCommand::Regex(r) => app_regex(&cli, r),

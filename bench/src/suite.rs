@@ -71,6 +71,10 @@ pub struct Row {
     pub ours: &'static str,
     /// JSON pointer of the peer's figure, and what the peer is.
     pub peer: Option<(&'static str, &'static str)>,
+    /// The peer's own command of this binary (`{S}` as in `args`), where
+    /// the peer is a second process rather than a figure of ours: its
+    /// figure is [`PEER_PROCESS_CPU`], measured as ours is.
+    pub peer_args: Option<&'static str>,
     /// Multiplier from the report's unit to `unit`.
     pub scale: f64,
     /// The unit of the figures.
@@ -99,6 +103,9 @@ const fn at_most(on: On, value: f64) -> Option<Target> {
 
 /// Our figure from the process's own CPU time (`ours` pointer).
 pub const PROCESS_CPU: &str = "@process_cpu_percent";
+/// The peer's figure from its process's CPU time (`peer` pointer; the
+/// row's `peer_args` is the peer's command).
+pub const PEER_PROCESS_CPU: &str = "@peer_process_cpu_percent";
 
 /// The rows, in the order of the table.
 pub fn rows() -> Vec<Row> {
@@ -110,6 +117,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[],
             ours: "/results/msgs_per_sec",
             peer: Some(("/results/reference_msgs_per_sec", "a bare SPSC ring, same messages")),
+            peer_args: None,
             scale: 1e-6,
             unit: "M msg/s",
             higher_is_better: true,
@@ -122,6 +130,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Cores(2)],
             ours: "/results/msgs_per_sec",
             peer: None,
+            peer_args: None,
             scale: 1e-6,
             unit: "M msg/s",
             higher_is_better: true,
@@ -134,6 +143,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Cores(16)],
             ours: "/results/msgs_per_sec",
             peer: None,
+            peer_args: None,
             scale: 1e-6,
             unit: "M msg/s",
             higher_is_better: true,
@@ -146,6 +156,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[],
             ours: "/results/added_ns/p50",
             peer: None,
+            peer_args: None,
             scale: 1.0,
             unit: "ns",
             higher_is_better: false,
@@ -158,6 +169,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[],
             ours: "/results/added_ns/p99",
             peer: None,
+            peer_args: None,
             scale: 1.0,
             unit: "ns",
             higher_is_better: false,
@@ -170,6 +182,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Tool("sockperf", "sockperf")],
             ours: "/results/ours",
             peer: Some(("/results/peer", "sockperf ping-pong")),
+            peer_args: None,
             scale: 1e-3,
             unit: "µs",
             higher_is_better: false,
@@ -182,6 +195,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Tool("sockperf", "sockperf")],
             ours: "/results/ours",
             peer: Some(("/results/peer", "sockperf ping-pong --nonblocked")),
+            peer_args: None,
             scale: 1e-3,
             unit: "µs",
             higher_is_better: false,
@@ -194,6 +208,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Tool("iperf3", "iperf3")],
             ours: "/results/ours",
             peer: Some(("/results/peer", "iperf3 TCP")),
+            peer_args: None,
             scale: 1.0,
             unit: "Gbit/s",
             higher_is_better: true,
@@ -206,6 +221,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[],
             ours: "/results/rtt_ns/p50",
             peer: Some(("/results/peer/rtt_ns/p50", "Unix-socket ping-pong")),
+            peer_args: None,
             scale: 1e-3,
             unit: "µs",
             higher_is_better: false,
@@ -222,6 +238,7 @@ pub fn rows() -> Vec<Row> {
             ],
             ours: "/results/ours",
             peer: Some(("/results/peer", "dpdk-testpmd txonly")),
+            peer_args: None,
             scale: 1e-6,
             unit: "Mpps",
             higher_is_better: true,
@@ -234,6 +251,7 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Tool("trafgen", "netsniff-ng"), Need::Root],
             ours: "/results/ours",
             peer: Some(("/results/peer", "trafgen")),
+            peer_args: None,
             scale: 1e-6,
             unit: "Mpps",
             higher_is_better: true,
@@ -249,6 +267,7 @@ pub fn rows() -> Vec<Row> {
                 "/results/reference/beats_per_cycle",
                 "a FIFO input-queued switch (head-of-line bound)",
             )),
+            peer_args: None,
             scale: 1.0,
             unit: "beats/cycle",
             higher_is_better: true,
@@ -260,7 +279,11 @@ pub fn rows() -> Vec<Row> {
             args: "gen --stack mem --rate 2kpps --seconds {S} --warmup 0",
             needs: &[],
             ours: PROCESS_CPU,
-            peer: None,
+            peer: Some((
+                PEER_PROCESS_CPU,
+                "`wake --rate 2kpps`: a process that only wakes at the same rate",
+            )),
+            peer_args: Some("wake --rate 2kpps --seconds {S}"),
             scale: 1.0,
             unit: "% of a core",
             higher_is_better: false,
@@ -363,10 +386,9 @@ pub fn unmet(row: &Row) -> Option<String> {
     })
 }
 
-fn command_line(row: &Row, seconds: u64) -> Vec<String> {
+fn command_line(args: &str, seconds: u64) -> Vec<String> {
     let n = (seconds * 10_000).to_string();
-    row.args
-        .split_whitespace()
+    args.split_whitespace()
         .map(|a| a.replace("{S}", &seconds.to_string()).replace("{N}", &n))
         .collect()
 }
@@ -408,12 +430,15 @@ fn figures(
     row: &Row,
     report: &Value,
     cpu_percent: f64,
+    peer_cpu_percent: Option<f64>,
     seconds: f64,
     command: String,
 ) -> RowResult {
     let get = |ptr: &str| -> Option<f64> {
         if ptr == PROCESS_CPU {
             Some(cpu_percent)
+        } else if ptr == PEER_PROCESS_CPU {
+            peer_cpu_percent
         } else {
             report.pointer(ptr)?.as_f64().map(|v| v * row.scale)
         }
@@ -485,7 +510,7 @@ pub fn run_suite(
     let mut out = Vec::with_capacity(chosen.len());
     for (i, row) in chosen.iter().enumerate() {
         progress(i, chosen.len(), row);
-        let args = command_line(row, cfg.seconds);
+        let args = command_line(row.args, cfg.seconds);
         let command = format!("uniplane-bench {}", args.join(" "));
         if let Some(why) = unmet(row) {
             out.push(RowResult::without_figures(row, command, "skipped", why));
@@ -500,9 +525,21 @@ pub fn run_suite(
                     .map(|(v, cpu)| (v, cpu, t.elapsed().as_secs_f64()))
             })
             .clone();
-        out.push(match r {
-            Ok((v, cpu, secs)) => figures(row, &v, cpu, secs, command),
-            Err(why) => RowResult::without_figures(row, command, "failed", why),
+        // A peer that is a process of its own runs after ours, alone.
+        let peer = row.peer_args.map(|p| {
+            let peer_args = command_line(p, cfg.seconds);
+            run_child(&cfg.exe, &peer_args, limit)
+                .map(|(_, cpu)| cpu)
+                .map_err(|why| format!("the peer (uniplane-bench {}): {why}", peer_args.join(" ")))
+        });
+        out.push(match (r, peer) {
+            (Err(why), _) | (Ok(_), Some(Err(why))) => {
+                RowResult::without_figures(row, command, "failed", why)
+            }
+            (Ok((v, cpu, secs)), peer) => {
+                let peer_cpu = peer.and_then(Result::ok);
+                figures(row, &v, cpu, peer_cpu, secs, command)
+            }
         });
     }
     Ok(out)
@@ -584,26 +621,50 @@ mod tests {
         ids.dedup();
         assert_eq!(ids.len(), rows.len());
         let r = rows.iter().find(|r| r.id == "udp-rtt").unwrap();
-        assert!(command_line(r, 2).contains(&"2".to_owned()));
-        assert!(!command_line(r, 2).iter().any(|a| a.contains('{')));
+        assert!(command_line(r.args, 2).contains(&"2".to_owned()));
+        assert!(!command_line(r.args, 2).iter().any(|a| a.contains('{')));
+        for r in &rows {
+            // A second process is the peer exactly where its figure says so.
+            let by_process = r.peer.is_some_and(|p| p.0 == PEER_PROCESS_CPU);
+            assert_eq!(by_process, r.peer_args.is_some(), "{}", r.id);
+            if let Some(p) = r.peer_args {
+                assert!(!command_line(p, 2).iter().any(|a| a.contains('{')));
+            }
+        }
     }
 
     #[test]
     fn figures_divide_by_the_peer_or_the_target_and_judge_the_target() {
         let row = rows().into_iter().find(|r| r.id == "udp-rtt").unwrap();
         let report = serde_json::json!({"results": {"ours": 11000.0, "peer": 10000.0}});
-        let r = figures(&row, &report, 0.0, 1.0, "x".into());
+        let r = figures(&row, &report, 0.0, None, 1.0, "x".into());
         assert_eq!(r.status, "ok");
         assert!((r.ratio.unwrap() - 1.1).abs() < 1e-9);
         assert_eq!(r.ratio_of, Some("peer"));
         assert_eq!(r.target_met, Some(true));
         let row = rows().into_iter().find(|r| r.id == "overhead-p50").unwrap();
         let report = serde_json::json!({"results": {"added_ns": {"p50": 400.0}}});
-        let r = figures(&row, &report, 0.0, 1.0, "x".into());
+        let r = figures(&row, &report, 0.0, None, 1.0, "x".into());
         assert_eq!((r.ratio, r.ratio_of), (Some(2.0), Some("target")));
         assert_eq!(r.target_met, Some(false));
-        let r = figures(&row, &serde_json::json!({}), 0.0, 1.0, "x".into());
+        let r = figures(&row, &serde_json::json!({}), 0.0, None, 1.0, "x".into());
         assert_eq!(r.status, "failed");
         assert!(markdown(&[r]).contains("| overhead-p50 |"));
+        // The paced row: ours and the waking floor, both processes' CPU.
+        let row = rows().into_iter().find(|r| r.id == "gen-2kpps").unwrap();
+        let r = figures(
+            &row,
+            &serde_json::json!({}),
+            6.0,
+            Some(5.0),
+            1.0,
+            "x".into(),
+        );
+        assert_eq!((r.ours, r.peer), (Some(6.0), Some(5.0)));
+        assert!((r.ratio.unwrap() - 1.2).abs() < 1e-9);
+        assert_eq!(r.ratio_of, Some("peer"));
+        assert_eq!(r.target_met, Some(false), "the target is on ours: <= 5 %");
+        let r = figures(&row, &serde_json::json!({}), 6.0, None, 1.0, "x".into());
+        assert_eq!(r.status, "failed", "without the peer's figure");
     }
 }
