@@ -209,3 +209,24 @@ fn a_plot_is_written_as_svg() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn wake_reports_its_wakeups_and_their_cost_and_refuses_a_bit_rate() {
+    let v = last_json(&bench(&[
+        "wake",
+        "--rate",
+        "1kpps",
+        "--seconds",
+        "0.05",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "bench"), "wake");
+    check_machine(&v);
+    assert_eq!(count(&v, "results.wakeups"), 50);
+    assert!(number(&v, "results.seconds") >= 0.05);
+    assert!(number(&v, "results.thread_cpu_percent") > 0.0);
+    assert!(number(&v, "results.cpu_ns_per_wakeup") > 0.0);
+    assert_eq!(count(&v, "results.late_ns.count"), 50);
+    fails_with(&["wake", "--rate", "1Gbps"], "a message rate");
+    fails_with(&["wake", "--seconds", "0"], "seconds must be above 0");
+}
