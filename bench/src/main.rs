@@ -1241,7 +1241,7 @@ fn rtt(cli: &Cli, a: &RttArgs) -> Result<(), BenchError> {
 /// `rtt --stack shm --path pio|dma`: round trips over a device path,
 /// then the Unix-socket peer for as long.
 fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
-    use uniplane_bench::shm_rtt::{run_shm_rtt, run_unix_rtt, ShmPath, PEER};
+    use uniplane_bench::shm_rtt::{run_cache_line_rtt, run_shm_rtt, run_unix_rtt, ShmPath, PEER};
     if a.at.stack != "shm" {
         return Err(BenchError::Config(format!(
             "--path {path} is a path of the shm stack: use it with --stack shm, not `{}`",
@@ -1263,6 +1263,10 @@ fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
     drop(live);
     let mut live = Live::new("unix".into(), quiet);
     let peer = run_unix_rtt(&cfg, &mut live)?;
+    drop(live);
+    // The floor of any shared-memory round trip on this machine, for as long.
+    let mut live = Live::new("cache line".into(), quiet);
+    let line = run_cache_line_rtt(&cfg, &mut live)?;
     drop(live);
     let result_of = |run: &uniplane_bench::rtt::RttRun| RttResults {
         rtt_ns: run.rtt.percentiles(),
@@ -1295,7 +1299,9 @@ fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
     );
     print_percentiles(&format!("shm {path}"), &o.rtt_ns);
     print_percentiles("unix sock", &p.rtt_ns);
-    println!("  p50 ratio shm {path} / Unix socket: {ratio:.3}  (peer: {PEER})");
+    let floor = line.rtt.percentiles();
+    print_percentiles("cache line", &floor);
+    println!("  p50 ratio shm {path} / Unix socket: {ratio:.3}  (peer: {PEER}); the floor, one cache line each way between the same two CPUs: p50 {} ns", floor.p50);
     if let Some(file) = &a.plot {
         let ours_label = format!("shm {path}");
         let lines = [
@@ -1325,6 +1331,11 @@ fn shm_path_rtt(cli: &Cli, a: &RttArgs, path: &str) -> Result<(), BenchError> {
                     "seconds": p.seconds, "per_second": p.per_second }),
         );
         m.insert("p50_ratio".into(), json!(ratio));
+        m.insert(
+            "cache_line_floor".into(),
+            json!({ "what": "one 64-bit word each way, a cache line of its own each, the same two CPUs: the machine's cost of moving a line between the cores, twice",
+                    "rtt_ns": floor, "seconds": line.seconds }),
+        );
     }
     emit(cli.json, &Report::new("rtt", params, results))
 }

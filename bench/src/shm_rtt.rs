@@ -12,8 +12,10 @@
 //!   window; the answer comes back the same way. The engine always spins.
 //!
 //! The pinger runs on the calling thread, the other side on a thread of
-//! its own; with two CPUs or more they are pinned to CPUs 0 and 1, so each
-//! hop crosses cores as it would to a device.
+//! its own; they are pinned to CPUs 0 and 1 (where the machine has them),
+//! so each hop crosses cores as it would to a device. After the peer, the
+//! same CPUs ping-pong one cache line each way ([`run_cache_line_rtt`]):
+//! the floor under any shared-memory round trip on this machine.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,15 +63,15 @@ impl ShmPath {
 /// What the peer is, in words.
 pub const PEER: &str = "Unix-socket ping-pong (blocking write_all/read_exact on a socketpair), same size, same threads and CPUs";
 
-fn two_cpus() -> bool {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2
-}
-
+/// Pins the calling thread to `cpu`, best effort (on a machine without it
+/// the thread stays where it may run: only noise is added). Always tried,
+/// never decided by `available_parallelism`: that counts the calling
+/// thread's affinity, so once the pinger had pinned itself to CPU 0 every
+/// thread it started saw one CPU, skipped its own pin and shared CPU 0
+/// with the pinger — the Unix-socket peer and the DMA engine ran on one
+/// core beside a pinger on the same core.
 fn pin(cpu: usize) {
-    if two_cpus() {
-        // Best effort: unpinned only adds noise.
-        let _ = uniplane_shm::sys::pin_to_cpu(cpu);
-    }
+    let _ = uniplane_shm::sys::pin_to_cpu(cpu);
 }
 
 /// Times `ping` (one round trip, `false` on failure) through warm-up and
@@ -385,6 +387,76 @@ pub fn run_unix_rtt(cfg: &RttConfig, observer: &mut dyn Observer) -> Result<RttR
         a.write_all(&msg).is_ok() && a.read_exact(&mut buf).is_ok()
     });
     drop(a);
+    pong.join().map_err(|_| BenchError::Panicked("echo"))?;
+    r
+}
+
+/// The floor under every shared-memory round trip here: one 64-bit word
+/// each way, each on a cache line of its own (128-byte aligned, so the
+/// pair prefetcher does not couple them), the echo on CPU 1, the pinger
+/// here on CPU 0 as for the other paths. Its round trip is two transfers
+/// of a line between the cores and nothing else: what the machine charges
+/// before any mailbox, ring or protocol; it moves with where the vCPUs
+/// sit on the host.
+pub fn run_cache_line_rtt(
+    cfg: &RttConfig,
+    observer: &mut dyn Observer,
+) -> Result<RttRun, BenchError> {
+    use std::sync::atomic::AtomicU64;
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let ping = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
+    // Sequence u64::MAX: the echo stops.
+    const STOP: u64 = u64::MAX;
+    let pong = {
+        let lines = ping.clone();
+        std::thread::Builder::new()
+            .name("line-echo".into())
+            .spawn(move || {
+                pin(1);
+                let (ask, answer) = (&lines.0 .0, &lines.1 .0);
+                let mut seen = 0;
+                let mut idle = Instant::now();
+                loop {
+                    let n = ask.load(Ordering::Acquire);
+                    if n == STOP {
+                        break;
+                    }
+                    if n != seen {
+                        seen = n;
+                        answer.store(n, Ordering::Release);
+                        idle = Instant::now();
+                    } else if idle.elapsed() > Duration::from_secs(10) {
+                        // The pinger is gone without a word: bounded.
+                        break;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+            .map_err(|source| BenchError::Thread {
+                what: "echo",
+                source,
+            })?
+    };
+    pin(0);
+    let (ask, answer) = (&ping.0 .0, &ping.1 .0);
+    let mut n = 0u64;
+    let r = measure(cfg, observer, || {
+        n += 1;
+        ask.store(n, Ordering::Release);
+        let t = Instant::now();
+        loop {
+            if answer.load(Ordering::Acquire) == n {
+                return true;
+            }
+            std::hint::spin_loop();
+            if t.elapsed() > Duration::from_secs(5) {
+                return false;
+            }
+        }
+    });
+    ask.store(STOP, Ordering::Release);
     pong.join().map_err(|_| BenchError::Panicked("echo"))?;
     r
 }

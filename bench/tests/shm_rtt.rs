@@ -26,6 +26,12 @@ fn pio_and_dma_round_trips_come_with_the_unix_socket_peer() {
         assert!(count(&v, "results.peer.rtt_ns.p50") > 0);
         assert!(number(&v, "results.p50_ratio") > 0.0);
         string(&v, "results.peer.name");
+        // The floor: a cache line each way between the same CPUs, as many
+        // round trips, each no slower than a round trip of the path over it.
+        assert_eq!(count(&v, "results.cache_line_floor.rtt_ns.count"), 3000);
+        let floor = count(&v, "results.cache_line_floor.rtt_ns.min");
+        assert!(floor > 0 && floor <= count(&v, "results.rtt_ns.max"), "{v}");
+        string(&v, "results.cache_line_floor.what");
     }
 }
 
