@@ -287,7 +287,7 @@ pub fn run_sharded(cfg: &ShardedFabric) -> Result<Value, BenchError> {
         "delivered": n1 - n0,
         "seconds": wall.as_secs_f64(),
         "shards": cfg.shards.max(1),
-        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cores": crate::report::cores(),
         "cpus": cfg.cpus,
         "ports": ports,
         "source": match cfg.source { Source::Replay => "replay", Source::Threads => "threads" },

@@ -2863,6 +2863,8 @@ fn main() -> ExitCode {
     // Read buffers freed and allocated again must not cost page faults
     // (see uniplane_stacks::alloc).
     uniplane_stacks::alloc::retain_freed_memory();
+    // Before any benchmark pins a thread (see report::cores).
+    uniplane_bench::report::cores();
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Gen(a) => gen(&cli, a),

@@ -42,6 +42,21 @@ fn read_trimmed(path: &str) -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
+static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// The cores this process may use, as first counted: call it before any
+/// thread pins itself (the binary does, first thing). Counted later, on a
+/// thread pinned to one CPU, `available_parallelism` says 1 (it counts the
+/// caller's affinity), and a benchmark that had pinned its pinger reported
+/// a one-core machine.
+pub fn cores() -> usize {
+    *CORES.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
 /// Describes this machine (Linux `/proc` where it exists, `unknown`
 /// elsewhere).
 pub fn machine() -> Machine {
@@ -56,9 +71,7 @@ pub fn machine() -> Machine {
         .unwrap_or_else(|| "unknown".to_owned());
     Machine {
         cpu_model,
-        cores: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        cores: cores(),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         hostname: read_trimmed("/proc/sys/kernel/hostname"),
         os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),

@@ -367,7 +367,7 @@ fn is_root() -> bool {
 }
 
 fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    crate::report::cores()
 }
 
 /// Why `row` cannot run here, if it cannot.

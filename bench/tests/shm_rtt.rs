@@ -32,6 +32,9 @@ fn pio_and_dma_round_trips_come_with_the_unix_socket_peer() {
         let floor = count(&v, "results.cache_line_floor.rtt_ns.min");
         assert!(floor > 0 && floor <= count(&v, "results.rtt_ns.max"), "{v}");
         string(&v, "results.cache_line_floor.what");
+        // The machine as it is, not as the pinned pinger sees it.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(count(&v, "machine.cores"), cores as u64);
     }
 }
 
