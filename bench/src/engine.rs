@@ -42,13 +42,12 @@ pub struct Meter {
     pub sender_done: AtomicBool,
     /// A side failed: everyone stops.
     pub abort: AtomicBool,
-    _flags_apart: [u8; 126],
+    _flags_apart: NewLine,
     /// Messages sent after warm-up.
     pub tx_msgs: AtomicU64,
     /// Encoded bytes of those.
     pub tx_bytes: AtomicU64,
-    // The sender's counters apart from the receiver's.
-    _tx_apart: [u8; 112],
+    _tx_apart: NewLine,
     /// Messages received after warm-up (or round trips completed).
     pub rx_msgs: AtomicU64,
     /// Encoded bytes of those.
@@ -63,15 +62,22 @@ pub struct Meter {
     pub measure_start_ns: AtomicU64,
 }
 
+/// Takes no room, but in a `repr(C)` struct starts the next field on a
+/// fresh 128-byte line (a line and the one the pair prefetcher fetches
+/// with it).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct NewLine;
+
 impl Default for Meter {
     fn default() -> Self {
         Meter {
             sender_done: AtomicBool::new(false),
             abort: AtomicBool::new(false),
-            _flags_apart: [0; 126],
+            _flags_apart: NewLine,
             tx_msgs: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
-            _tx_apart: [0; 112],
+            _tx_apart: NewLine,
             rx_msgs: AtomicU64::new(0),
             rx_bytes: AtomicU64::new(0),
             drops: AtomicU64::new(0),

@@ -366,10 +366,6 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-fn cores() -> usize {
-    crate::report::cores()
-}
-
 /// Why `row` cannot run here, if it cannot.
 pub fn unmet(row: &Row) -> Option<String> {
     row.needs.iter().find_map(|n| match *n {
@@ -380,7 +376,8 @@ pub fn unmet(row: &Row) -> Option<String> {
             format!("this uniplane-bench was built without the `{f}` feature (--features {f})")
         }),
         Need::Cores(n) => {
-            (cores() < n).then(|| format!("needs {n} cores, this machine has {}", cores()))
+            let cores = crate::report::cores();
+            (cores < n).then(|| format!("needs {n} cores, this machine has {cores}"))
         }
         Need::Root => (!is_root()).then(|| "needs root (namespaces, raw sockets)".to_owned()),
     })
