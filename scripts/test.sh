@@ -68,44 +68,129 @@ fi
 # Tests that need a system tool fail instead of skipping when it is absent.
 export UNIPLANE_REQUIRE_TOOLS=1
 
+# Disk. A fresh machine may have only a few GiB free, and every test
+# binary links the whole daemon: about 150 of them at 60 MB each would
+# take 9 GiB. So this script builds without debug information or symbols
+# (a failing assertion still names its file and line), keeps no
+# incremental state, lints into metadata it deletes before building,
+# and builds and runs the test binaries a slice at a time, deleting each
+# slice once it has run. Cargo rebuilds nothing it still needs: the
+# libraries, build scripts, binaries and examples stay.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=false CARGO_PROFILE_DEV_STRIP=true
+target=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+deps="$target/debug/deps"
+SLICE=12
+
+# Test executables that ran: every executable in deps/ with no second name
+# but proc-macro libraries (a binary or an example is also linked under
+# target/debug/, where the tests that run it find it, and stays).
+drop_test_binaries() {
+  [ -d "$deps" ] && find "$deps" -maxdepth 1 -type f -perm -u+x -links 1 ! -name "*.so" -delete
+  return 0
+}
+
+# The integration tests of the named packages (of the workspace when
+# none is named), one name a line; those that need features are run by
+# their own stage below.
+test_targets() {
+  cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+want = set(sys.argv[1:])
+names = set()
+for p in json.load(sys.stdin)["packages"]:
+    if want and p["name"] not in want:
+        continue
+    for t in p["targets"]:
+        if "test" in t["kind"] and not t.get("required-features"):
+            names.add(t["name"])
+print("\n".join(sorted(names)))' "$@"
+}
+
+# cargo test over every target of PACKAGES (a space-separated list, or
+# "" for the workspace; the selection, and so the features, are the same
+# for every slice), with the remaining arguments added, a slice at a time.
+sliced_test() {
+  local pkgs=$1 p i
+  shift
+  local sel=(--workspace)
+  if [ -n "$pkgs" ]; then
+    sel=()
+    for p in $pkgs; do sel+=(-p "$p"); done
+  fi
+  cargo test "${sel[@]}" "$@" --lib --bins
+  drop_test_binaries
+  cargo test "${sel[@]}" "$@" --examples --benches
+  drop_test_binaries
+  local names
+  # shellcheck disable=SC2086 # the list splits into package names
+  mapfile -t names < <(test_targets $pkgs)
+  for ((i = 0; i < ${#names[@]}; i += SLICE)); do
+    local args=()
+    for p in "${names[@]:i:SLICE}"; do args+=(--test "$p"); done
+    cargo test "${sel[@]}" "$@" "${args[@]}"
+    drop_test_binaries
+  done
+}
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy --all-targets -- -D warnings"
+echo "==> cargo clippy -D warnings: the workspace, then each feature set tested below"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "==> cargo test"
-# Tests that run an example program (the greeter across namespaces,
-# uniplane-run's allreduce) find it built beside them: --all-targets
-# builds examples only as test harnesses.
-cargo build --workspace --examples
-cargo test --workspace --all-targets
-cargo test --workspace --doc
-echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
 cargo clippy -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl --all-targets -- -D warnings
-cargo test -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl
-echo "==> the RTL crossbar in uniplane-bench (hw, --features rtl)"
 cargo clippy -p uniplane-bench --features rtl --all-targets -- -D warnings
-cargo test -p uniplane-bench --features rtl --test hw
-echo "==> uniplane-rpc with its tarpc transport (--features tarpc)"
 cargo clippy -p uniplane-rpc --features tarpc --all-targets -- -D warnings
-cargo test -p uniplane-rpc --features tarpc --test tarpc
-echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
 cargo clippy -p uniplane-dpdk --features dpdk --all-targets -- -D warnings
 cargo clippy -p uniplane-stacks --features dpdk -- -D warnings
-cargo test -p uniplane-dpdk --features dpdk
 cargo clippy -p uniplane-bench --features dpdk --all-targets -- -D warnings
-cargo test -p uniplane-bench --features dpdk --test peer
-echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
 cargo clippy -p uniplane-services --features dpdk --all-targets -- -D warnings
-cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
-echo "==> GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
 cargo clippy -p uniplane-services -p uniplane-bench --features uniplane-services/gpu,uniplane-bench/gpu --all-targets -- -D warnings
-cargo test -p uniplane-services --features gpu --test gpu_memory
-echo "==> the regex pipeline's Hyperscan engine (uniplane-kernel, regex-pipeline, bench: --features hyperscan)"
 cargo clippy -p uniplane-kernel -p uniplane-regex-pipeline -p uniplane-bench \
   --features uniplane-kernel/hyperscan,uniplane-regex-pipeline/hyperscan,uniplane-bench/hyperscan \
   --all-targets -- -D warnings
+# Lint-only metadata (an .rmeta without its .rlib) is never read by a build.
+if [ -d "$deps" ]; then
+  for f in "$deps"/*.rmeta; do
+    [ -e "${f%.rmeta}.rlib" ] || rm -f "$f"
+  done
+fi
+
+echo "==> cargo test"
+# Tests that run a binary or an example program (the daemon, the greeter
+# across namespaces, uniplane-run's allreduce) find it built beside them.
+cargo build --workspace --bins --examples
+sliced_test ""
+cargo test --workspace --doc
+echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
+sliced_test "uniplane-hw-sim uniplane-services" --features uniplane-services/rtl
+echo "==> the RTL crossbar in uniplane-bench (hw, --features rtl)"
+cargo test -p uniplane-bench --features rtl --test hw
+drop_test_binaries
+echo "==> uniplane-rpc with its tarpc transport (--features tarpc)"
+cargo test -p uniplane-rpc --features tarpc --test tarpc
+drop_test_binaries
+echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
+cargo test -p uniplane-dpdk --features dpdk
+drop_test_binaries
+cargo test -p uniplane-bench --features dpdk --test peer
+drop_test_binaries
+echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
+cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
+drop_test_binaries
+echo "==> GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
+cargo test -p uniplane-services --features gpu --test gpu_memory
+drop_test_binaries
+echo "==> the regex pipeline's Hyperscan engine (uniplane-kernel, regex-pipeline, bench: --features hyperscan)"
 cargo test -p uniplane-kernel -p uniplane-regex-pipeline \
   --features uniplane-kernel/hyperscan,uniplane-regex-pipeline/hyperscan
+drop_test_binaries
+# The package is a release build; the debug tree is done with. On a
+# short disk it goes first (a developer's machine with room keeps it).
+if [ "$(df --output=avail -k "$target" | tail -n 1)" -lt $((8 * 1024 * 1024)) ]; then
+  echo "==> less than 8 GiB free: removing $target/debug before the release build"
+  rm -rf "$target/debug"
+fi
 echo "==> the Debian package: build it, unpack it, run what it installs"
 deb=$(scripts/package.sh | tail -n 1)
 pkgroot=$(mktemp -d)
