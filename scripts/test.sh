@@ -134,9 +134,17 @@ sliced_test() {
   done
 }
 
-echo "==> cargo fmt --check"
+# A stage's banner, with the space left where the build goes (what to
+# read first when a run on a small disk fails).
+stage() {
+  local d=$target
+  [ -d "$d" ] || d=$(dirname "$d")
+  echo "==> $* ($(df -h --output=avail "$d" | tail -n 1 | tr -d ' ') free)"
+}
+
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy -D warnings: the workspace, then each feature set tested below"
+stage "cargo clippy -D warnings: the workspace, then each feature set tested below"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p uniplane-hw-sim -p uniplane-services --features uniplane-services/rtl --all-targets -- -D warnings
 cargo clippy -p uniplane-bench --features rtl --all-targets -- -D warnings
@@ -156,32 +164,32 @@ if [ -d "$deps" ]; then
   done
 fi
 
-echo "==> cargo test"
+stage "cargo test"
 # Tests that run a binary or an example program (the daemon, the greeter
 # across namespaces, uniplane-run's allreduce) find it built beside them.
 cargo build --workspace --bins --examples
 sliced_test ""
 cargo test --workspace --doc
-echo "==> the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
+stage "the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
 sliced_test "uniplane-hw-sim uniplane-services" --features uniplane-services/rtl
-echo "==> the RTL crossbar in uniplane-bench (hw, --features rtl)"
+stage "the RTL crossbar in uniplane-bench (hw, --features rtl)"
 cargo test -p uniplane-bench --features rtl --test hw
 drop_test_binaries
-echo "==> uniplane-rpc with its tarpc transport (--features tarpc)"
+stage "uniplane-rpc with its tarpc transport (--features tarpc)"
 cargo test -p uniplane-rpc --features tarpc --test tarpc
 drop_test_binaries
-echo "==> cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
+stage "cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
 cargo test -p uniplane-dpdk --features dpdk
 drop_test_binaries
 cargo test -p uniplane-bench --features dpdk --test peer
 drop_test_binaries
-echo "==> a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
+stage "a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
 cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
 drop_test_binaries
-echo "==> GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
+stage "GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
 cargo test -p uniplane-services --features gpu --test gpu_memory
 drop_test_binaries
-echo "==> the regex pipeline's Hyperscan engine (uniplane-kernel, regex-pipeline, bench: --features hyperscan)"
+stage "the regex pipeline's Hyperscan engine (uniplane-kernel, regex-pipeline, bench: --features hyperscan)"
 cargo test -p uniplane-kernel -p uniplane-regex-pipeline \
   --features uniplane-kernel/hyperscan,uniplane-regex-pipeline/hyperscan
 drop_test_binaries
@@ -191,7 +199,7 @@ if [ "$(df --output=avail -k "$target" | tail -n 1)" -lt $((8 * 1024 * 1024)) ];
   echo "==> less than 8 GiB free: removing $target/debug before the release build"
   rm -rf "$target/debug"
 fi
-echo "==> the Debian package: build it, unpack it, run what it installs"
+stage "the Debian package: build it, unpack it, run what it installs"
 deb=$(scripts/package.sh | tail -n 1)
 pkgroot=$(mktemp -d)
 trap 'rm -rf "$pkgroot"' EXIT
