@@ -14,24 +14,12 @@ uint16_t up_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint
     return rte_eth_tx_burst(port, queue, pkts, n);
 }
 
-/* Like rte_pktmbuf_alloc_bulk, but resets only what a transmit needs, as
- * testpmd's txonly engine does: mbufs come back to the pool through
- * rte_pktmbuf_free, which already leaves next = NULL, nb_segs = 1 and
- * refcnt = 1, and the Tx offload fields are ignored while ol_flags asks
- * for no offload. Everything touched lies in the mbuf's first cache line. */
-int up_alloc_bulk(struct rte_mempool *pool, struct rte_mbuf **pkts, unsigned n, uint8_t **data) {
-    int rc = rte_mempool_get_bulk(pool, (void **)pkts, n);
-    if (rc != 0)
-        return rc;
-    for (unsigned i = 0; i < n; i++) {
-        struct rte_mbuf *m = pkts[i];
-        rte_pktmbuf_reset_headroom(m);
-        m->ol_flags &= RTE_MBUF_F_EXTERNAL;
-        m->packet_type = 0;
-        m->vlan_tci = 0;
-        data[i] = rte_pktmbuf_mtod(m, uint8_t *);
-    }
-    return 0;
+/* Mbufs for transmission, taken from the pool and nothing more: Rust
+ * resets each one as it writes its frame (see up_tx_layout), so the
+ * mbuf's first cache line is brought in once per frame, not once here
+ * and again for the lengths. */
+int up_get_bulk(struct rte_mempool *pool, struct rte_mbuf **pkts, unsigned n) {
+    return rte_mempool_get_bulk(pool, (void **)pkts, n);
 }
 
 void up_free_bulk(struct rte_mbuf **pkts, unsigned n) { rte_pktmbuf_free_bulk(pkts, n); }
@@ -43,17 +31,16 @@ void up_rx_frames(struct rte_mbuf **pkts, uint16_t n, uint8_t **data, uint16_t *
     }
 }
 
-void up_tx_lengths(struct rte_mbuf **pkts, uint16_t n, const uint16_t *len) {
-    for (uint16_t i = 0; i < n; i++) {
-        pkts[i]->data_len = len[i];
-        pkts[i]->pkt_len = len[i];
-    }
-}
-
-void up_len_offsets(size_t *pkt_len, size_t *data_len, size_t *vlan_tci) {
-    *pkt_len = offsetof(struct rte_mbuf, pkt_len);
-    *data_len = offsetof(struct rte_mbuf, data_len);
-    *vlan_tci = offsetof(struct rte_mbuf, vlan_tci);
+void up_tx_layout(size_t off[7], uint16_t *headroom, uint64_t *keep_flags) {
+    off[0] = offsetof(struct rte_mbuf, buf_addr);
+    off[1] = offsetof(struct rte_mbuf, data_off);
+    off[2] = offsetof(struct rte_mbuf, ol_flags);
+    off[3] = offsetof(struct rte_mbuf, packet_type);
+    off[4] = offsetof(struct rte_mbuf, pkt_len);
+    off[5] = offsetof(struct rte_mbuf, data_len);
+    off[6] = offsetof(struct rte_mbuf, vlan_tci);
+    *headroom = RTE_PKTMBUF_HEADROOM;
+    *keep_flags = RTE_MBUF_F_EXTERNAL;
 }
 
 uint16_t up_data_room(struct rte_mempool *pool) {

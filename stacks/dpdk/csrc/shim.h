@@ -17,19 +17,21 @@ int up_errno(void);
 uint16_t up_rx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
 /* rte_eth_tx_burst. */
 uint16_t up_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
-/* Mbufs for transmission (a lighter rte_pktmbuf_alloc_bulk), and each
- * one's data pointer into data[]. */
-int up_alloc_bulk(struct rte_mempool *pool, struct rte_mbuf **pkts, unsigned n, uint8_t **data);
+/* rte_mempool_get_bulk: mbufs for transmission, not yet reset. */
+int up_get_bulk(struct rte_mempool *pool, struct rte_mbuf **pkts, unsigned n);
 /* rte_pktmbuf_free_bulk. */
 void up_free_bulk(struct rte_mbuf **pkts, unsigned n);
 /* Data pointer and length of each received mbuf; a chained mbuf (more
  * than one segment) gets length 0. */
 void up_rx_frames(struct rte_mbuf **pkts, uint16_t n, uint8_t **data, uint16_t *len);
-/* Sets data_len and pkt_len of each mbuf before transmission. */
-void up_tx_lengths(struct rte_mbuf **pkts, uint16_t n, const uint16_t *len);
-/* Where pkt_len (32 bits), data_len and vlan_tci (16 bits each) lie in
- * an mbuf, so Rust sets the lengths as it writes a frame, with no call. */
-void up_len_offsets(size_t *pkt_len, size_t *data_len, size_t *vlan_tci);
+/* What a transmit resets in an mbuf taken from the pool, so Rust does it
+ * as it writes the frame, with no call: the offsets of buf_addr,
+ * data_off, ol_flags, packet_type, pkt_len, data_len and vlan_tci; the
+ * headroom data_off is reset to; the ol_flags bits kept. The rest is as
+ * rte_pktmbuf_free left it (next NULL, nb_segs 1, refcnt 1), and the Tx
+ * offload fields are ignored while ol_flags asks for no offload — the
+ * lighter reset testpmd's txonly engine makes. */
+void up_tx_layout(size_t off[7], uint16_t *headroom, uint64_t *keep_flags);
 /* Bytes an mbuf of the pool holds after its headroom. */
 uint16_t up_data_room(struct rte_mempool *pool);
 /* The calling thread's lcore id (LCORE_ID_ANY outside EAL threads). */

@@ -117,49 +117,125 @@ impl Drop for DpdkRx {
     }
 }
 
-/// Transmit side: mbufs allocated in bulk, written in place, sent in
-/// bursts; what the port does not take waits for the next flush. One
-/// array holds them all, in three runs:
+/// Transmit side: mbufs taken from the pool in bulk, each reset and
+/// written in place as its frame is pushed, sent in bursts; what the port
+/// does not take waits for the next flush. One array holds them all, in
+/// three runs:
 ///
 /// ```text
-///  mbufs: [ sent | written, waiting: sent..count | allocated, free: count..avail | empty ]
+///  mbufs: [ sent | written, waiting: sent..count | taken, free: count..avail | empty ]
 /// ```
 pub struct DpdkTx {
     port: u16,
     pool: *mut sys::rte_mempool,
     mbufs: [*mut sys::rte_mbuf; BURST],
-    data: [*mut u8; BURST],
     sent: usize,
     count: usize,
     avail: usize,
     capacity: usize,
-    /// Where the lengths go in an mbuf.
-    len_at: LenOffsets,
+    /// What a frame's reset writes, and where.
+    layout: TxLayout,
     stats: FrameStats,
 }
 
 // SAFETY: as for `DpdkRx`.
 unsafe impl Send for DpdkTx {}
 
-/// Offsets of `pkt_len` (u32) and `data_len` (u16) in `struct rte_mbuf`,
-/// and whether `data_len` and `vlan_tci` (zeroed at allocation) follow
-/// `pkt_len` directly, as in DPDK 22.11: then one 8-byte store sets all
-/// three.
+/// Where a transmit's reset goes in `struct rte_mbuf`, read from the C
+/// layout once (`up_tx_layout`). Resetting as the frame is written brings
+/// the mbuf's first cache line in once per frame: under `--no-huge` every
+/// mbuf of a pool sits at the same offset of its 4 KiB page, so a burst's
+/// first lines share a few L1 sets and a separate reset pass had them
+/// evicted again before the lengths were written.
 #[derive(Clone, Copy, Debug)]
-struct LenOffsets {
+struct TxLayout {
+    buf_addr: usize,
+    data_off: usize,
+    ol_flags: usize,
+    packet_type: usize,
     pkt_len: usize,
     data_len: usize,
+    vlan_tci: usize,
+    headroom: u16,
+    keep_flags: u64,
+    /// packet_type (u32), pkt_len (u32), data_len (u16) and vlan_tci
+    /// (u16) lie back to back, as in DPDK 22.11: one 8-byte and one
+    /// 4-byte store set all four.
     packed: bool,
 }
 
-fn len_offsets() -> LenOffsets {
-    let (mut p, mut d, mut v) = (0usize, 0usize, 0usize);
-    // SAFETY: three out-pointers.
-    unsafe { sys::up_len_offsets(&mut p, &mut d, &mut v) };
-    LenOffsets {
-        pkt_len: p,
-        data_len: d,
-        packed: d == p + 4 && v == p + 6,
+impl TxLayout {
+    fn read() -> TxLayout {
+        let mut off = [0usize; 7];
+        let (mut headroom, mut keep_flags) = (0u16, 0u64);
+        // SAFETY: seven out-slots and two out-pointers.
+        unsafe { sys::up_tx_layout(off.as_mut_ptr(), &mut headroom, &mut keep_flags) };
+        let [buf_addr, data_off, ol_flags, packet_type, pkt_len, data_len, vlan_tci] = off;
+        TxLayout {
+            buf_addr,
+            data_off,
+            ol_flags,
+            packet_type,
+            pkt_len,
+            data_len,
+            vlan_tci,
+            headroom,
+            keep_flags,
+            packed: pkt_len == packet_type + 4
+                && data_len == packet_type + 8
+                && vlan_tci == packet_type + 10,
+        }
+    }
+
+    /// Resets mbuf `m`, fresh from the pool, for transmission and returns
+    /// where its frame goes: data_off to the headroom, ol_flags to no
+    /// offload.
+    ///
+    /// # Safety
+    /// `m` must be an mbuf of a pool whose buffers are longer than the
+    /// headroom, taken by this queue and not yet sent.
+    #[inline(always)]
+    unsafe fn reset(self, m: *mut sys::rte_mbuf) -> *mut u8 {
+        // SAFETY: the offsets come from the C layout of the fields.
+        unsafe {
+            let base = m.cast::<u8>();
+            let buf = base.add(self.buf_addr).cast::<*mut u8>().read_unaligned();
+            base.add(self.data_off)
+                .cast::<u16>()
+                .write_unaligned(self.headroom);
+            let flags = base.add(self.ol_flags).cast::<u64>();
+            flags.write_unaligned(flags.read_unaligned() & self.keep_flags);
+            buf.add(self.headroom as usize)
+        }
+    }
+
+    /// Sets the lengths of reset mbuf `m`, with packet_type and vlan_tci 0.
+    ///
+    /// # Safety
+    /// As for [`TxLayout::reset`].
+    #[inline(always)]
+    unsafe fn set_len(self, m: *mut sys::rte_mbuf, len: usize) {
+        // SAFETY: as in `reset`.
+        unsafe {
+            let base = m.cast::<u8>();
+            if self.packed {
+                let at = base.add(self.packet_type);
+                at.cast::<u64>()
+                    .write_unaligned(((len as u64) << 32).to_le());
+                at.add(8)
+                    .cast::<u32>()
+                    .write_unaligned((len as u32).to_le());
+            } else {
+                base.add(self.packet_type).cast::<u32>().write_unaligned(0);
+                base.add(self.pkt_len)
+                    .cast::<u32>()
+                    .write_unaligned(len as u32);
+                base.add(self.data_len)
+                    .cast::<u16>()
+                    .write_unaligned(len as u16);
+                base.add(self.vlan_tci).cast::<u16>().write_unaligned(0);
+            }
+        }
     }
 }
 
@@ -169,18 +245,17 @@ impl DpdkTx {
             port,
             pool,
             mbufs: [ptr::null_mut(); BURST],
-            data: [ptr::null_mut(); BURST],
             sent: 0,
             count: 0,
             avail: 0,
             capacity,
-            len_at: len_offsets(),
+            layout: TxLayout::read(),
             stats: FrameStats::default(),
         }
     }
 
-    /// Makes free slots when every allocated one is written: moves the
-    /// waiting frames to the front and allocates up to a full burst.
+    /// Makes free slots when every taken one is written: moves the
+    /// waiting frames to the front and takes up to a full burst.
     #[cold]
     fn refill_slots(&mut self) -> bool {
         if self.sent > 0 {
@@ -196,11 +271,10 @@ impl DpdkTx {
         // SAFETY: room for `want` pointers at `avail`; the pool outlives
         // the queue.
         let rc = unsafe {
-            sys::up_alloc_bulk(
+            sys::up_get_bulk(
                 self.pool,
                 self.mbufs.as_mut_ptr().add(self.avail),
                 want as u32,
-                self.data.as_mut_ptr().add(self.avail),
             )
         };
         if rc != 0 {
@@ -208,31 +282,6 @@ impl DpdkTx {
         }
         self.avail = BURST;
         true
-    }
-
-    /// Sets the lengths of the mbuf about to be written.
-    ///
-    /// # Safety
-    /// `m` must be an allocated mbuf of this queue.
-    #[inline]
-    unsafe fn set_len(&self, m: *mut sys::rte_mbuf, len: usize) {
-        let at = self.len_at;
-        // SAFETY: the offsets come from the C layout of the fields; packed,
-        // the 8 bytes are pkt_len, data_len and vlan_tci (which stays 0).
-        unsafe {
-            let base = m.cast::<u8>();
-            if at.packed {
-                let v = ((len as u64) | ((len as u64) << 32)).to_le();
-                base.add(at.pkt_len).cast::<u64>().write_unaligned(v);
-            } else {
-                base.add(at.pkt_len)
-                    .cast::<u32>()
-                    .write_unaligned(len as u32);
-                base.add(at.data_len)
-                    .cast::<u16>()
-                    .write_unaligned(len as u16);
-            }
-        }
     }
 }
 
@@ -252,31 +301,36 @@ impl TxQueue for DpdkTx {
         }
         let i = self.count;
         self.count = i + 1;
-        let (m, data) = (self.mbufs[i], self.data[i]);
-        // SAFETY: an allocated mbuf, ours until sent, whose data room holds
-        // `capacity` bytes.
+        let (m, at) = (self.mbufs[i], self.layout);
+        // SAFETY: a taken mbuf, ours until sent, whose data room holds
+        // `capacity` bytes after the headroom.
         unsafe {
-            self.set_len(m, len);
+            let data = at.reset(m);
+            at.set_len(m, len);
             Some(f(std::slice::from_raw_parts_mut(data, len)))
         }
     }
 
     fn push_burst(&mut self, max: usize, mut f: impl FnMut(usize, &mut [u8]) -> usize) -> usize {
         let mut n = 0;
-        let cap = self.capacity;
+        let (cap, at) = (self.capacity, self.layout);
         while n < max && self.has_room() {
             let end = self.count.saturating_add(max - n).min(self.avail);
             let mut i = self.count;
             while i < end {
-                let (m, data) = (self.mbufs[i], self.data[i]);
+                let m = self.mbufs[i];
                 // SAFETY: as in `push`.
-                let len = unsafe { f(n, std::slice::from_raw_parts_mut(data, cap)) }.min(cap);
+                let len = unsafe {
+                    let data = at.reset(m);
+                    f(n, std::slice::from_raw_parts_mut(data, cap))
+                }
+                .min(cap);
                 if len == 0 {
                     self.count = i;
                     return n;
                 }
                 // SAFETY: as in `push`.
-                unsafe { self.set_len(m, len) };
+                unsafe { at.set_len(m, len) };
                 i += 1;
                 n += 1;
             }
