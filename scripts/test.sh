@@ -91,6 +91,12 @@ drop_test_binaries() {
   return 0
 }
 
+# cargo test with these arguments, then its binaries dropped.
+run_tests() {
+  cargo test "$@"
+  drop_test_binaries
+}
+
 # The integration tests of the named packages (of the workspace when
 # none is named), one name a line; those that need features are run by
 # their own stage below.
@@ -119,18 +125,15 @@ sliced_test() {
     sel=()
     for p in $pkgs; do sel+=(-p "$p"); done
   fi
-  cargo test "${sel[@]}" "$@" --lib --bins
-  drop_test_binaries
-  cargo test "${sel[@]}" "$@" --examples --benches
-  drop_test_binaries
+  run_tests "${sel[@]}" "$@" --lib --bins
+  run_tests "${sel[@]}" "$@" --examples --benches
   local names
   # shellcheck disable=SC2086 # the list splits into package names
   mapfile -t names < <(test_targets $pkgs)
   for ((i = 0; i < ${#names[@]}; i += SLICE)); do
     local args=()
     for p in "${names[@]:i:SLICE}"; do args+=(--test "$p"); done
-    cargo test "${sel[@]}" "$@" "${args[@]}"
-    drop_test_binaries
+    run_tests "${sel[@]}" "$@" "${args[@]}"
   done
 }
 
@@ -170,29 +173,24 @@ stage "cargo test"
 cargo build --workspace --bins --examples
 sliced_test ""
 cargo test --workspace --doc
+# The example programs were for the tests above; no later stage runs one.
+rm -rf "$target/debug/examples"
 stage "the RTL plane: uniplane-services and uniplane-hw-sim with --features rtl"
 sliced_test "uniplane-hw-sim uniplane-services" --features uniplane-services/rtl
 stage "the RTL crossbar in uniplane-bench (hw, --features rtl)"
-cargo test -p uniplane-bench --features rtl --test hw
-drop_test_binaries
+run_tests -p uniplane-bench --features rtl --test hw
 stage "uniplane-rpc with its tarpc transport (--features tarpc)"
-cargo test -p uniplane-rpc --features tarpc --test tarpc
-drop_test_binaries
+run_tests -p uniplane-rpc --features tarpc --test tarpc
 stage "cargo test -p uniplane-dpdk --features dpdk (EAL on vdevs, no hugepages)"
-cargo test -p uniplane-dpdk --features dpdk
-drop_test_binaries
-cargo test -p uniplane-bench --features dpdk --test peer
-drop_test_binaries
+run_tests -p uniplane-dpdk --features dpdk
+run_tests -p uniplane-bench --features dpdk --test peer
 stage "a daemon tunnel over DPDK ports (uniplane-services --features dpdk)"
-cargo test -p uniplane-services --features dpdk --test dpdk_tunnel
-drop_test_binaries
+run_tests -p uniplane-services --features dpdk --test dpdk_tunnel
 stage "GPU memory devices (uniplane-services --features gpu; the GPU tests show as ignored without a GPU)"
-cargo test -p uniplane-services --features gpu --test gpu_memory
-drop_test_binaries
+run_tests -p uniplane-services --features gpu --test gpu_memory
 stage "the regex pipeline's Hyperscan engine (uniplane-kernel, regex-pipeline, bench: --features hyperscan)"
-cargo test -p uniplane-kernel -p uniplane-regex-pipeline \
+run_tests -p uniplane-kernel -p uniplane-regex-pipeline \
   --features uniplane-kernel/hyperscan,uniplane-regex-pipeline/hyperscan
-drop_test_binaries
 # The package is a release build; the debug tree is done with. On a
 # short disk it goes first (a developer's machine with room keeps it).
 if [ "$(df --output=avail -k "$target" | tail -n 1)" -lt $((8 * 1024 * 1024)) ]; then
