@@ -70,6 +70,11 @@ impl Recent {
     pub(crate) fn remove(&mut self, key: &ConnKey) {
         self.set.remove(key);
     }
+
+    /// Removes `key`; whether it was there.
+    fn take(&mut self, key: &ConnKey) -> bool {
+        self.set.remove(key).is_some()
+    }
 }
 
 /// The in-band CLOSE of `key` (a connection of `me`) with `flag`.
@@ -123,6 +128,11 @@ pub(crate) struct Routes {
     closing: HashMap<ConnKey, oneshot::Sender<()>>,
     /// Connections closed lately.
     pub(crate) closed: Recent,
+    /// Connections accepted on their first data whose notice from the
+    /// daemon has not come yet (at most [`Recent::CAP`]): the notice,
+    /// however late — after the connection was used and closed — is its
+    /// own, not a new connection's.
+    early: Recent,
     /// Listening port → accept queue.
     listeners: HashMap<u16, mpsc::Sender<Connection>>,
     /// (answering UID, sequence number) → waiter for a one-sided answer.
@@ -762,6 +772,7 @@ fn accept_early(d: &Arc<Shared>, key: ConnKey) -> bool {
         }
     };
     let conn = Connection::register(d, key.0, key.1, key.2);
+    d.routes().early.insert(key);
     // Refused when nobody accepts any more: dropping it closes it.
     listener.try_send(conn).is_ok()
 }
@@ -782,12 +793,15 @@ fn handle_notice(d: &Arc<Shared>, m: Message) {
             };
             let key = (local, remote, rport);
             let listener = {
-                let routes = d.routes();
-                // Known already: its first data came before this notice,
-                // or it is being closed (accepted early, dropped at once).
-                // A connection closed here before (done) does not count:
-                // the daemon speaks of a new one with the same ends.
-                let known = routes.conns.contains_key(&key) || routes.closing.contains_key(&key);
+                let mut routes = d.routes();
+                // Known already: its first data came before this notice
+                // (the connection may since have been used and closed),
+                // or it is being closed. Any other connection closed here
+                // before does not count: the daemon speaks of a new one
+                // with the same ends.
+                let known = routes.early.take(&key)
+                    || routes.conns.contains_key(&key)
+                    || routes.closing.contains_key(&key);
                 (!known)
                     .then(|| routes.listeners.get(&local).cloned())
                     .flatten()
@@ -1482,5 +1496,48 @@ mod tests {
         let m = conn.recv().await.unwrap().unwrap();
         assert_eq!(m.payload().as_ref(), b"next");
         assert!(listener.try_accept().is_none(), "one connection only");
+    }
+
+    /// The daemon's notice may come after the connection its data opened
+    /// was used and closed at both ends: it opens no second connection
+    /// (the next accept would have handed out one that ends at once).
+    #[tokio::test]
+    async fn a_notice_after_an_early_connection_closed_opens_nothing() {
+        let (shared, mut dropped, mut engine) = session();
+        let mut listener = shared_listen(&shared, 80);
+        let peer = uid("10.0.0.2:1").port(7);
+        engine
+            .send(Message::send(peer, uid(ME).port(80), Bytes::from("early")).unwrap())
+            .await
+            .unwrap();
+        let mut conn = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        let m = conn.recv().await.unwrap().unwrap();
+        assert_eq!(m.payload().as_ref(), b"early");
+        drop(conn);
+        let closing = dropped.recv().await.unwrap();
+        let ack = close_message(peer.uid, (7, uid(ME), 80), FIN_ACK).unwrap();
+        engine.send(ack).await.unwrap();
+        shared.close_in_band(closing).await;
+        assert!(shared.routes().closing.is_empty());
+        // Now the notice of that connection.
+        engine
+            .send(notice_of(ReqType::Connect, 80, peer, Status::Ok))
+            .await
+            .unwrap();
+        // Then the next connection's: it is the one accepted.
+        let other = uid("10.0.0.2:1").port(8);
+        engine
+            .send(notice_of(ReqType::Connect, 80, other, Status::Ok))
+            .await
+            .unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.remote(), other, "the late notice opened a connection");
+        assert!(shared.routes().early.set.is_empty());
     }
 }
