@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use uniplane_dpdk::{DpdkConfig, DpdkDevice, Eal};
 use uniplane_frame::eth::{write_header, MacAddr};
-use uniplane_frame::{FrameDevice, TxQueue};
+use uniplane_frame::{FrameDevice, RxQueue, TxQueue};
 
 use crate::BenchError;
 
@@ -84,5 +84,31 @@ impl NullPort {
             }
         }
         Ok((sent as f64 / start.elapsed().as_secs_f64(), sent))
+    }
+
+    /// Receives for `secs` the frames net_null's receive makes (64 bytes,
+    /// their contents never written), looking at each one's length only,
+    /// as testpmd's rxonly does; returns (frames per second, frames).
+    pub fn receive(&mut self, secs: f64) -> Result<(f64, u64), BenchError> {
+        let (rx, _) = self.dev.queues();
+        let start = Instant::now();
+        let (mut got, mut bytes) = (0u64, 0u64);
+        let mut turns = 0u32;
+        loop {
+            rx.refill()
+                .map_err(|e| BenchError::Config(format!("DPDK receive: {e}")))?;
+            while let Some(len) = rx.take(|f| f.len()) {
+                bytes += len as u64;
+                got += 1;
+            }
+            turns += 1;
+            if turns.is_multiple_of(1024) && start.elapsed().as_secs_f64() >= secs {
+                break;
+            }
+        }
+        if got > 0 && bytes == 0 {
+            return Err(BenchError::Config("DPDK receive: empty frames".into()));
+        }
+        Ok((got as f64 / start.elapsed().as_secs_f64(), got))
     }
 }

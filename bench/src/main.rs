@@ -674,6 +674,10 @@ enum Tool {
     /// dpdk-testpmd txonly on DPDK net_null ports: frames sent per second
     /// (use with --stack dpdk, in a build with --features dpdk).
     Testpmd,
+    /// dpdk-testpmd rxonly on DPDK net_null ports, whose receive makes
+    /// 64-byte frames: frames received per second (use with --stack dpdk,
+    /// in a build with --features dpdk).
+    TestpmdRx,
     /// netsniff-ng's trafgen on a veth between two namespaces: frames sent
     /// per second (use with --stack ether; root).
     Trafgen,
@@ -1419,7 +1423,7 @@ fn peer(cli: &Cli, a: &PeerArgs) -> Result<(), BenchError> {
         Tool::Iperf3 => Box::new(Iperf3Udp::default()),
         Tool::Iperf3Tcp => Box::new(peer::Iperf3Tcp::default()),
         Tool::Sockperf => Box::new(peer::Sockperf::default()),
-        Tool::Testpmd | Tool::Trafgen => return frame_peer(a)?(cli, a, &w),
+        Tool::Testpmd | Tool::TestpmdRx | Tool::Trafgen => return frame_peer(a)?(cli, a, &w),
     };
     let stack_name = a.stack.clone();
     open_stack(&stack_name)?;
@@ -1476,11 +1480,12 @@ type FramePeer = fn(&Cli, &PeerArgs, &Workload) -> Result<(), BenchError>;
 fn frame_peer(a: &PeerArgs) -> Result<FramePeer, BenchError> {
     let (name, stack, run): (&str, &str, FramePeer) = match a.tool {
         Tool::Trafgen => ("trafgen", "ether", peer_trafgen),
+        Tool::TestpmdRx => ("testpmd-rx", "dpdk", peer_testpmd_rx),
         _ => ("testpmd", "dpdk", peer_testpmd),
     };
     if a.stack != stack {
         return Err(BenchError::Config(format!(
-            "--tool {name} compares frames sent: use it with --stack {stack}"
+            "--tool {name} compares frames sent or received: use it with --stack {stack}"
         )));
     }
     Ok(run)
@@ -1544,6 +1549,36 @@ fn peer_testpmd(_: &Cli, _: &PeerArgs, _: &Workload) -> Result<(), BenchError> {
          libdpdk-dev and libclang-dev)"
             .into(),
     ))
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn peer_testpmd_rx(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    peer_testpmd(cli, a, w)
+}
+
+#[cfg(feature = "dpdk")]
+fn peer_testpmd_rx(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
+    use uniplane_bench::dpdk_tx::NullPort;
+    let tool = peer::Testpmd {
+        rx: true,
+        ..peer::Testpmd::default()
+    };
+    let note = format!(
+        "both sides receive the 64-byte frames a DPDK net_null port makes (no hardware, no \
+         hugepages) on one core, looking at each one's length only: ours through the frame \
+         layer on DPDK (uniplane-dpdk), the peer {}",
+        tool.transport()
+    );
+    let mut port: Option<NullPort> = None;
+    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
+        let p = match &mut port {
+            Some(p) => p,
+            None => port.insert(NullPort::open()?),
+        };
+        let (pps, frames) = p.receive(w.seconds as f64)?;
+        Ok((pps, json!({ "rx_pps": pps, "frames": frames })))
+    };
+    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
 }
 
 #[cfg(feature = "dpdk")]

@@ -976,18 +976,22 @@ mod more_peer_tests {
 /// Where DPDK keeps the runtime files of a `--file-prefix` (as root).
 pub const DPDK_RUNTIME: &str = "/var/run/dpdk";
 
-/// `dpdk-testpmd --forward-mode=txonly` on two DPDK `net_null` ports (no
-/// hardware, no hugepages), one forwarding core: frames transmitted per
-/// second, the median of its per-second samples (each summed over the
-/// ports; the first period, with start-up, left out).
+/// `dpdk-testpmd --forward-mode=txonly` (or `rxonly`) on two DPDK
+/// `net_null` ports (no hardware, no hugepages), one forwarding core:
+/// frames transmitted (received) per second, the median of its per-second
+/// samples (each summed over the ports; the first period, with start-up,
+/// left out).
 #[derive(Clone, Debug, Default)]
 pub struct Testpmd {
     /// The executable; `None` looks up `dpdk-testpmd` on `PATH`.
     pub binary: Option<PathBuf>,
+    /// Receive (`rxonly`: net_null's receive makes 64-byte frames, which
+    /// testpmd frees a burst at a time) instead of transmit.
+    pub rx: bool,
 }
 
 impl Testpmd {
-    fn args(prefix: &str, w: &Workload) -> Vec<String> {
+    fn args(&self, prefix: &str, w: &Workload) -> Vec<String> {
         let mut a: Vec<String> = [
             "--no-huge",
             "-m",
@@ -1000,7 +1004,11 @@ impl Testpmd {
             "-l",
             "0,1",
             "--",
-            "--forward-mode=txonly",
+            if self.rx {
+                "--forward-mode=rxonly"
+            } else {
+                "--forward-mode=txonly"
+            },
             "--total-num-mbufs=16384",
             "-a",
             "--stats-period",
@@ -1018,12 +1026,17 @@ impl Testpmd {
 /// "Port statistics" period's `Tx-pps:` summed over the ports, the first
 /// period left out.
 pub fn parse_testpmd_tx_pps(out: &str) -> Vec<f64> {
+    parse_testpmd_pps(out, "Tx-pps:")
+}
+
+/// The same for `label` (`Tx-pps:` or `Rx-pps:`).
+pub fn parse_testpmd_pps(out: &str, label: &str) -> Vec<f64> {
     out.split("Port statistics")
         .skip(2)
         .map(|period| {
             period
                 .lines()
-                .filter_map(|l| l.split("Tx-pps:").nth(1))
+                .filter_map(|l| l.split(label).nth(1))
                 .filter_map(|v| v.split_whitespace().next()?.parse::<f64>().ok())
                 .sum::<f64>()
         })
@@ -1045,13 +1058,17 @@ impl Peer for Testpmd {
     }
 
     fn transport(&self) -> &'static str {
-        "DPDK net_null ports (no hardware), txonly, one forwarding core"
+        if self.rx {
+            "DPDK net_null ports (no hardware), rxonly, one forwarding core"
+        } else {
+            "DPDK net_null ports (no hardware), txonly, one forwarding core"
+        }
     }
 
     fn commands(&self, w: &Workload) -> Vec<String> {
         vec![format!(
             "dpdk-testpmd {} (stopped with SIGINT after {} statistics periods: start-up, then the seconds measured)",
-            Self::args("PREFIX", w).join(" "),
+            self.args("PREFIX", w).join(" "),
             w.seconds + 2
         )]
     }
@@ -1060,7 +1077,7 @@ impl Peer for Testpmd {
         let tool = "dpdk-testpmd";
         let bin = locate(&self.binary, tool, "dpdk-dev")?;
         let prefix = format!("uniplane-testpmd-{}", std::process::id());
-        let mut g = ProcessGroup::spawn(tool, Command::new(&bin).args(Self::args(&prefix, w)))?;
+        let mut g = ProcessGroup::spawn(tool, Command::new(&bin).args(self.args(&prefix, w)))?;
         let stdout = g.take_stdout().ok_or(PeerError::BadOutput {
             tool,
             why: "no stdout".into(),
@@ -1104,7 +1121,12 @@ impl Peer for Testpmd {
         let _ = std::fs::remove_dir_all(Path::new(DPDK_RUNTIME).join(&prefix));
         let (status, _, err) = stopped?;
         let out = reader.join().unwrap_or_default();
-        let samples = parse_testpmd_tx_pps(&out);
+        let (label, key) = if self.rx {
+            ("Rx-pps:", "rx_pps")
+        } else {
+            ("Tx-pps:", "tx_pps")
+        };
+        let samples = parse_testpmd_pps(&out, label);
         if samples.is_empty() {
             return Err(PeerError::Failed {
                 tool,
@@ -1117,7 +1139,7 @@ impl Peer for Testpmd {
         let median = sorted[sorted.len() / 2];
         Ok(PeerFigure {
             value: median,
-            detail: serde_json::json!({ "tx_pps_samples": samples, "tx_pps": median }),
+            detail: serde_json::json!({ format!("{key}_samples"): samples, key: median }),
         })
     }
 }
@@ -1133,5 +1155,8 @@ mod testpmd_tests {
                    Port statistics ====\n  Tx-pps:  150\n  Tx-pps:  160\n";
         assert_eq!(parse_testpmd_tx_pps(out), vec![300.0, 310.0]);
         assert!(parse_testpmd_tx_pps("nothing").is_empty());
+        let rx = "Port statistics ====\n  Rx-pps:  1  Rx-bps: 9\n  Tx-pps:  7\n\
+                  Port statistics ====\n  Rx-pps:  40  Rx-bps: 99\n  Rx-pps:  2\n  Tx-pps:  7\n";
+        assert_eq!(parse_testpmd_pps(rx, "Rx-pps:"), vec![42.0]);
     }
 }

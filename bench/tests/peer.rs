@@ -184,6 +184,40 @@ fn testpmd_and_our_dpdk_transmit_side_by_side() {
     assert!(rounds[0]["detail"]["frames"].as_u64().unwrap() > 0);
 }
 
+#[cfg(feature = "dpdk")]
+#[test]
+fn testpmd_and_our_dpdk_receive_side_by_side() {
+    if !tool_available("dpdk-testpmd", "dpdk-dev") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: DPDK's EAL needs root here");
+        return;
+    }
+    let v = last_json(&bench(&[
+        "peer",
+        "--tool",
+        "testpmd-rx",
+        "--stack",
+        "dpdk",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(string(&v, "results.metric"), "pps");
+    assert_eq!(string(&v, "results.peer_tool"), "dpdk-testpmd");
+    let rounds = at(&v, "results.rounds").as_array().unwrap();
+    // testpmd's receive rates, not its (zero) transmit ones.
+    let samples = rounds[1]["detail"]["rx_pps_samples"].as_array().unwrap();
+    assert!(!samples.is_empty());
+    assert!(samples.iter().all(|s| s.as_f64().unwrap() > 0.0));
+    assert!(rounds[0]["detail"]["frames"].as_u64().unwrap() > 0);
+    assert!(number(&v, "results.ours") > 0.0);
+}
+
 #[cfg(not(feature = "dpdk"))]
 #[test]
 fn testpmd_without_the_dpdk_feature_says_how_to_get_it() {
@@ -197,6 +231,10 @@ fn testpmd_without_the_dpdk_feature_says_how_to_get_it() {
 fn testpmd_needs_the_dpdk_stack() {
     fails_with(
         &["peer", "--tool", "testpmd", "--stack", "udp"],
+        "use it with --stack dpdk",
+    );
+    fails_with(
+        &["peer", "--tool", "testpmd-rx", "--stack", "udp"],
         "use it with --stack dpdk",
     );
 }
