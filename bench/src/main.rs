@@ -1558,7 +1558,6 @@ fn peer_testpmd_rx(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchErr
 
 #[cfg(feature = "dpdk")]
 fn peer_testpmd_rx(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
-    use uniplane_bench::dpdk_tx::NullPort;
     let tool = peer::Testpmd {
         rx: true,
         ..peer::Testpmd::default()
@@ -1569,21 +1568,14 @@ fn peer_testpmd_rx(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchErr
          layer on DPDK (uniplane-dpdk), the peer {}",
         tool.transport()
     );
-    let mut port: Option<NullPort> = None;
-    let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
-        let p = match &mut port {
-            Some(p) => p,
-            None => port.insert(NullPort::open()?),
-        };
+    testpmd_beside(cli, a, w, &tool, note, |p, w| {
         let (pps, frames) = p.receive(w.seconds as f64)?;
         Ok((pps, json!({ "rx_pps": pps, "frames": frames })))
-    };
-    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
+    })
 }
 
 #[cfg(feature = "dpdk")]
 fn peer_testpmd(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError> {
-    use uniplane_bench::dpdk_tx::NullPort;
     let tool = peer::Testpmd::default();
     let note = format!(
         "both sides transmit {}-byte frames on DPDK net_null ports (no hardware, no hugepages) \
@@ -1591,16 +1583,36 @@ fn peer_testpmd(cli: &Cli, a: &PeerArgs, w: &Workload) -> Result<(), BenchError>
         w.size.clamp(64, 1514),
         tool.transport()
     );
+    testpmd_beside(cli, a, w, &tool, note, |p, w| {
+        let (pps, frames) = p.transmit(w.size, w.seconds as f64)?;
+        Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
+    })
+}
+
+/// `measure` on one `net_null` port of this process (opened at the first
+/// measurement: the EAL starts once), alternating with testpmd.
+#[cfg(feature = "dpdk")]
+fn testpmd_beside(
+    cli: &Cli,
+    a: &PeerArgs,
+    w: &Workload,
+    tool: &peer::Testpmd,
+    note: String,
+    measure: impl Fn(
+        &mut uniplane_bench::dpdk_tx::NullPort,
+        &Workload,
+    ) -> Result<(f64, Value), BenchError>,
+) -> Result<(), BenchError> {
+    use uniplane_bench::dpdk_tx::NullPort;
     let mut port: Option<NullPort> = None;
     let mut ours = |w: &Workload| -> Result<(f64, Value), BenchError> {
         let p = match &mut port {
             Some(p) => p,
             None => port.insert(NullPort::open()?),
         };
-        let (pps, frames) = p.transmit(w.size, w.seconds as f64)?;
-        Ok((pps, json!({ "tx_pps": pps, "frames": frames })))
+        measure(p, w)
     };
-    compare_and_report(cli, a, &tool, w, (true, note), &mut ours)
+    compare_and_report(cli, a, tool, w, (true, note), &mut ours)
 }
 
 /// Runs our side and `tool` alternately and prints and reports the

@@ -1470,11 +1470,13 @@ mod tests {
         assert_eq!(again.remote(), peer);
     }
 
-    #[tokio::test]
-    async fn data_before_the_daemons_notice_opens_the_connection_once() {
-        let (shared, _dropped, mut engine) = session();
-        let mut listener = shared_listen(&shared, 80);
-        let peer = uid("10.0.0.2:1").port(7);
+    /// Data from `peer` to port 80 before any notice: the connection it
+    /// opens, accepted, its first message (the data) read.
+    async fn opened_by_early_data(
+        engine: &mut MemLink,
+        listener: &mut Listener,
+        peer: Endpoint,
+    ) -> Connection {
         engine
             .send(Message::send(peer, uid(ME).port(80), Bytes::from("early")).unwrap())
             .await
@@ -1486,6 +1488,15 @@ mod tests {
         assert_eq!(conn.remote(), peer);
         let m = conn.recv().await.unwrap().unwrap();
         assert_eq!(m.payload().as_ref(), b"early");
+        conn
+    }
+
+    #[tokio::test]
+    async fn data_before_the_daemons_notice_opens_the_connection_once() {
+        let (shared, _dropped, mut engine) = session();
+        let mut listener = shared_listen(&shared, 80);
+        let peer = uid("10.0.0.2:1").port(7);
+        let mut conn = opened_by_early_data(&mut engine, &mut listener, peer).await;
         // The notice comes after: no second connection.
         let connect = notice_of(ReqType::Connect, 80, peer, Status::Ok);
         engine.send(connect).await.unwrap();
@@ -1506,16 +1517,7 @@ mod tests {
         let (shared, mut dropped, mut engine) = session();
         let mut listener = shared_listen(&shared, 80);
         let peer = uid("10.0.0.2:1").port(7);
-        engine
-            .send(Message::send(peer, uid(ME).port(80), Bytes::from("early")).unwrap())
-            .await
-            .unwrap();
-        let mut conn = tokio::time::timeout(Duration::from_secs(2), listener.accept())
-            .await
-            .unwrap()
-            .unwrap();
-        let m = conn.recv().await.unwrap().unwrap();
-        assert_eq!(m.payload().as_ref(), b"early");
+        let conn = opened_by_early_data(&mut engine, &mut listener, peer).await;
         drop(conn);
         let closing = dropped.recv().await.unwrap();
         let ack = close_message(peer.uid, (7, uid(ME), 80), FIN_ACK).unwrap();
