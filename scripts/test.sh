@@ -78,14 +78,17 @@ export UNIPLANE_REQUIRE_TOOLS=1
 # libraries, build scripts, binaries and examples stay.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 export CARGO_PROFILE_DEV_DEBUG=false CARGO_PROFILE_DEV_STRIP=true
-target=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+# The workspace as cargo describes it: its target directory and the test
+# targets of its packages.
+metadata=$(cargo metadata --format-version 1 --no-deps)
+target=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' <<<"$metadata")
 deps="$target/debug/deps"
 SLICE=12
 
-# Test executables that ran: every executable in deps/ with no second name
-# but proc-macro libraries (a binary or an example is also linked under
-# target/debug/, where the tests that run it find it, and stays).
+# Drops the test executables that ran: the executables in deps/ that have
+# one name only (a binary or an example has a second under target/debug/,
+# where the tests that run it find it, and stays), proc-macro libraries
+# (.so) apart.
 drop_test_binaries() {
   [ -d "$deps" ] && find "$deps" -maxdepth 1 -type f -perm -u+x -links 1 ! -name "*.so" -delete
   return 0
@@ -101,7 +104,7 @@ run_tests() {
 # none is named), one name a line; those that need features are run by
 # their own stage below.
 test_targets() {
-  cargo metadata --no-deps --format-version 1 | python3 -c '
+  python3 -c '
 import json, sys
 want = set(sys.argv[1:])
 names = set()
@@ -111,7 +114,7 @@ for p in json.load(sys.stdin)["packages"]:
     for t in p["targets"]:
         if "test" in t["kind"] and not t.get("required-features"):
             names.add(t["name"])
-print("\n".join(sorted(names)))' "$@"
+print("\n".join(sorted(names)))' "$@" <<<"$metadata"
 }
 
 # cargo test over every target of PACKAGES (a space-separated list, or
