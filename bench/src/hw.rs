@@ -15,7 +15,7 @@
 //!
 //! Two crossbars: the default reads every input's buffer through a port
 //! per output and needs no matching; `Model::N4Islip` reads it through
-//! one port and matches inputs to outputs (iSLIP-style) a message at a
+//! two ports and matches inputs to outputs (iSLIP-style) a message at a
 //! time, and reports how close that comes.
 
 use bytes::Bytes;
@@ -174,7 +174,7 @@ pub fn run_hw(cfg: &HwBench, observer: &mut dyn Observer) -> Result<Value, Bench
             Some(iterations) => json!({
                 "matching": "islip",
                 "iterations": iterations,
-                "read_ports_per_input": 1,
+                "read_ports_per_input": cfg.model.read_ports(),
             }),
         },
         "cycles": window,

@@ -266,8 +266,8 @@ struct HwArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(4..=8))]
     ports: u32,
     /// The crossbar: ports (a read port per output in every input's
-    /// buffer, no matching) or islip (one read port per input, iSLIP-style
-    /// matching; built for 4 ports).
+    /// buffer, no matching) or islip (two read ports per input,
+    /// iSLIP-style matching; built for 4 ports).
     #[arg(long, default_value = "ports", value_parser = ["ports", "islip"])]
     crossbar: String,
     /// Measured clock cycles (after 2,000 of warm-up).

@@ -274,6 +274,22 @@ pub fn rows() -> Vec<Row> {
             target: at_least(On::Ours, 0.95),
         },
         Row {
+            id: "rtl-uniform-islip",
+            what: "RTL crossbar with iSLIP matching (two read ports per input), uniform traffic, 1500 B, lowest output",
+            args: "hw --pattern uniform --size 1500 --ports 4 --cycles 20000 --crossbar islip",
+            needs: &[Need::Feature("rtl", cfg!(feature = "rtl"))],
+            ours: "/results/beats_per_cycle_min",
+            peer: Some((
+                "/results/reference/beats_per_cycle",
+                "a FIFO input-queued switch (head-of-line bound)",
+            )),
+            peer_args: None,
+            scale: 1.0,
+            unit: "beats/cycle",
+            higher_is_better: true,
+            target: at_least(On::Ours, 0.95),
+        },
+        Row {
             id: "gen-2kpps",
             what: "gen --rate 2kpps over mem: CPU of the whole process (sender and receiver)",
             args: "gen --stack mem --rate 2kpps --seconds {S} --warmup 0",

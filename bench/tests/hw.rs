@@ -73,7 +73,7 @@ fn hw_measures_the_crossbar_with_islip_matching_when_asked() {
         "--json",
     ]));
     assert_eq!(string(&v, "results.crossbar.matching"), "islip");
-    assert_eq!(count(&v, "results.crossbar.read_ports_per_input"), 1);
+    assert_eq!(count(&v, "results.crossbar.read_ports_per_input"), 2);
     assert!(count(&v, "results.crossbar.iterations") >= 1);
     let per_output = at(&v, "results.beats_per_cycle").as_array().unwrap();
     assert_eq!(per_output.len(), 4);

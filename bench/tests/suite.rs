@@ -20,6 +20,7 @@ const ROWS: &[&str] = &[
     "dpdk-tx",
     "ether-tx",
     "rtl-uniform",
+    "rtl-uniform-islip",
     "gen-2kpps",
 ];
 

@@ -39,6 +39,7 @@ module uniplane_top #(
     parameter QUANTUM   = 1536,   // DRR bytes per round for weight 1
     parameter MATCH     = 0,      // crossbar: 0 a read port per output, 1 iSLIP matching
     parameter ITER      = 1,      // MATCH = 1: matching iterations per cycle
+    parameter PORTS     = 1,      // MATCH = 1: read ports per input buffer (1 to N)
     parameter PATIENCE  = 16      // MATCH = 1: matches passing over a busy input before reserving it
 ) (
     input  wire               clk,
@@ -110,8 +111,9 @@ localparam integer PAGE_TR_I = N + 1;
 localparam integer PAGE_UL_I = N + 2;
 localparam [7:0] PAGE_TR = PAGE_TR_I[7:0];
 localparam [7:0] PAGE_UL = PAGE_UL_I[7:0];
-// The crossbar's kind: bits 7:0 MATCH, bits 15:8 iterations (0 without matching).
-localparam integer CROSSBAR_I = MATCH == 0 ? 0 : (1 + 256 * ITER);
+// The crossbar's kind: bits 7:0 MATCH, bits 15:8 iterations, bits 23:16
+// read ports per input (both 0 without matching).
+localparam integer CROSSBAR_I = MATCH == 0 ? 0 : (1 + 256 * ITER + 65536 * PORTS);
 localparam [31:0] CROSSBAR = CROSSBAR_I[31:0];
 
 // ---------------------------------------------------------- register bus
@@ -197,7 +199,7 @@ wire [N*IW-1:0] x_src;
 
 up_crossbar #(
     .N(N), .DEPTH(VOQ_DEPTH), .POOL(VOQ_POOL), .LW(LW), .WW(WW), .QUANTUM(QUANTUM),
-    .MATCH(MATCH), .ITER(ITER), .PATIENCE(PATIENCE)
+    .MATCH(MATCH), .ITER(ITER), .PORTS(PORTS), .PATIENCE(PATIENCE)
 ) crossbar (
     .clk(clk), .rst(rst),
     .s_tdata(c_tdata), .s_tvalid(c_tvalid), .s_tready(c_tready),

@@ -18,12 +18,15 @@
 // take no more beats only lowers the input's ready. Every port moves one
 // beat per cycle.
 //
-// MATCH = 1 builds the crossbar with one read port per input buffer
-// instead (one copy of an input's memory on an FPGA rather than N): an
-// up_match matches free inputs to free outputs each cycle (iSLIP-style,
-// ITER iterations, each output's grant made by its own up_sched under its
-// policy), a match holds until its message's last beat has left, and each
-// output reads its matched input's port. The matcher sees every queue's
+// MATCH = 1 builds the crossbar with PORTS read ports per input buffer
+// instead (PORTS copies of an input's memory on an FPGA rather than N): an
+// up_match matches inputs with a free port to free outputs each cycle
+// (iSLIP-style, ITER iterations, each output's grant made by its own
+// up_sched under its policy), a match holds until its message's last beat
+// has left, and each output reads its matched input's port. PORTS = 2
+// lets an input feed two outputs at once: a speedup of two on the input
+// side, which the matching needs to keep the outputs busy under
+// saturation (docs/hw.md). The matcher sees every queue's
 // head through up_voq_buf's per-queue head registers (valid and length),
 // not through the data port. An output's scheduler then decides among
 // the inputs that are free, not among all backlogged ones, so only the
@@ -45,6 +48,7 @@ module up_crossbar #(
     parameter QUANTUM = 1536,
     parameter MATCH   = 0,     // 0: a read port per output; 1: one per input, iSLIP matching
     parameter ITER    = 1,     // MATCH = 1: matching iterations per cycle
+    parameter PORTS   = 1,     // MATCH = 1: read ports per input buffer (1 to N)
     parameter PATIENCE = 16    // MATCH = 1: see up_match
 ) (
     input  wire                      clk,
@@ -132,36 +136,46 @@ if (MATCH == 0) begin : port_per_output
         );
     end
 end else begin : matched
-    // Input i's one read port (queue i_out[i], its matched output).
-    wire [N*QW-1:0]   r_data;
-    wire [N-1:0]      r_valid;
-    wire [N-1:0]      r_ready;
+    localparam PW = PORTS > 1 ? $clog2(PORTS) : 1;
+    // Input i's read ports, i*PORTS + p (port p reads queue i_out of it).
+    wire [N*PORTS*QW-1:0] r_data;
+    wire [N*PORTS-1:0]    r_valid;
     // Queue heads after this cycle's read, i*N + o.
     wire [N*N-1:0]    h_valid;
     wire [N*N*LW-1:0] h_len;
     // The matching.
-    wire [N-1:0]      o_busy, i_busy;
-    wire [N*IW-1:0]   o_in, i_out;
+    wire [N-1:0]      o_busy;
+    wire [N*PORTS-1:0] i_busy;
+    wire [N*IW-1:0]   o_in;
+    wire [N*PW-1:0]   o_port;
+    wire [N*PORTS*IW-1:0] i_out;
     wire [N-1:0]      done;
     wire [N-1:0]      out_ready;
 
     for (i = 0; i < N; i = i + 1) begin : in_gen
         /* verilator lint_off UNUSEDSIGNAL */
         wire [$clog2(N*DEPTH+POOL):0] count;
-        wire [N-1:0] q_valid;
         /* verilator lint_on UNUSEDSIGNAL */
-        wire [IW-1:0] sel = i_out[i*IW +: IW];
-        assign r_valid[i] = i_busy[i] && q_valid[sel];
-        assign r_ready[i] = i_busy[i] && out_ready[sel];
-        up_voq_buf #(.N(N), .W(QW), .RES(DEPTH), .POOL(POOL), .ONE_PORT(1), .HW(LW)) voqs (
+        wire [N-1:0] q_valid;
+        wire [N-1:0] q_ready;
+        wire [PORTS*IW-1:0] sel = i_out[i*PORTS*IW +: PORTS*IW];
+        genvar p;
+        for (p = 0; p < PORTS; p = p + 1) begin : port_gen
+            assign r_valid[i*PORTS + p] = i_busy[i*PORTS + p] && q_valid[sel[p*IW +: IW]];
+        end
+        // Queue o is read when output o, matched to this input, takes a beat.
+        for (o = 0; o < N; o = o + 1) begin : ready_gen
+            assign q_ready[o] = o_busy[o] && o_in[o*IW +: IW] == i && out_ready[o];
+        end
+        up_voq_buf #(.N(N), .W(QW), .RES(DEPTH), .POOL(POOL), .ONE_PORT(1), .PORTS(PORTS), .HW(LW)) voqs (
             .clk(clk), .rst(rst),
             .s_data({s_tlen[i*LW +: LW], s_tfirst[i], s_tlast[i], s_tdata[i*256 +: 256]}),
             .s_dest(s_tdest[i*IW +: IW]),
             .s_valid(s_tvalid[i]),
             .s_ready(s_tready[i]),
-            .m_data(r_data[i*QW +: QW]),
+            .m_data(r_data[i*PORTS*QW +: PORTS*QW]),
             .m_valid(q_valid),
-            .m_ready({N{r_ready[i]}}),
+            .m_ready(q_ready),
             .m_sel(sel),
             .h_valid(h_valid[i*N +: N]),
             .h_len(h_len[i*N*LW +: N*LW]),
@@ -170,19 +184,33 @@ end else begin : matched
     end
 
     up_match #(
-        .N(N), .ITER(ITER), .LW(LW), .WW(WW), .QUANTUM(QUANTUM), .PATIENCE(PATIENCE)
+        .N(N), .ITER(ITER), .PORTS(PORTS), .LW(LW), .WW(WW), .QUANTUM(QUANTUM), .PATIENCE(PATIENCE)
     ) match (
         .clk(clk), .rst(rst),
         .req(h_valid), .len(h_len),
         .enable(~cfg_pause), .done(done),
         .cfg_drr(cfg_drr), .cfg_weight(cfg_weight), .cfg_class(cfg_class), .cfg_load(cfg_load),
-        .o_busy(o_busy), .o_in(o_in), .i_busy(i_busy), .i_out(i_out)
+        .o_busy(o_busy), .o_in(o_in), .o_port(o_port), .i_busy(i_busy), .i_out(i_out)
     );
 
     for (o = 0; o < N; o = o + 1) begin : out_gen
         wire [IW-1:0] src = o_in[o*IW +: IW];
-        wire [QW-1:0] beat = r_data[src*QW +: QW];
-        wire          valid = o_busy[o] && r_valid[src];
+        // The read port it takes from: port o_port of input src.
+        wire [QW-1:0] beat;
+        wire          valid;
+        if (PORTS == 1) begin : one_gen
+            assign beat = r_data[src*QW +: QW];
+            assign valid = o_busy[o] && r_valid[src];
+            wire unused_port = &{1'b0, o_port[o*PW +: PW]};
+        end else begin : ports_gen
+            localparam RW = $clog2(N * PORTS);
+            localparam integer PORTS_I = PORTS;
+            localparam [RW-1:0] PORTS_R = PORTS_I[RW-1:0];
+            wire [RW-1:0] rp = {{(RW-IW){1'b0}}, src} * PORTS_R
+                               + {{(RW-PW){1'b0}}, o_port[o*PW +: PW]};
+            assign beat = r_data[rp*QW +: QW];
+            assign valid = o_busy[o] && r_valid[rp];
+        end
         /* verilator lint_off UNUSEDSIGNAL */
         wire [LW-1:0] out_len;
         /* verilator lint_on UNUSEDSIGNAL */

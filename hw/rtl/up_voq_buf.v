@@ -23,16 +23,17 @@
 // in up_fifo. The lowest free slot is allocated; a slot read is free the
 // next cycle.
 //
-// ONE_PORT = 1 keeps one read port (one copy of the memory on an FPGA
-// instead of N): m_data is one beat wide and carries the head of queue
-// m_sel; m_valid[q] still says whether queue q holds a beat, and only
-// m_ready[m_sel] reads. For a matcher that must see every queue without
+// ONE_PORT = 1 keeps PORTS read ports instead of N (PORTS copies of the
+// memory on an FPGA): m_data is PORTS beats wide, beat p carrying the
+// head of queue m_sel[p]; m_valid[q] still says whether queue q holds a
+// beat, and only m_ready[q] of a queue some port selects reads (two ports
+// selecting one queue see the same beat, and it is read once). For a matcher that must see every queue without
 // reading it, h_valid[q] and h_len[q] say whether queue q will hold a
 // beat after this cycle's read and the top HW bits of the beat then at
 // its head (the crossbar keeps a message's length there): the head's
 // bits are kept per queue in a register, and when a queue is read the
-// next beat's come from a narrow copy of those bits read at the link (one
-// narrow read port). Both look through this cycle's read so that a queue
+// next beat's come from a narrow copy of those bits read at the link (a
+// narrow read port per read port). Both look through this cycle's read so that a queue
 // whose message ends now may be matched again at once.
 `resetall
 `timescale 1ns / 1ps
@@ -43,7 +44,8 @@ module up_voq_buf #(
     parameter W    = 8,     // bits per beat
     parameter RES  = 16,    // beats each queue may always hold (>= 1)
     parameter POOL = 64,    // further beats shared by the queues (>= 0)
-    parameter ONE_PORT = 0, // 1: one read port (queue m_sel) instead of one per queue
+    parameter ONE_PORT = 0, // 1: PORTS read ports (queues m_sel) instead of one per queue
+    parameter PORTS = 1,    // ONE_PORT: read ports (1 to N)
     parameter HW   = 1      // ONE_PORT: top bits of a beat kept per queue head (h_len)
 ) (
     input  wire                    clk,
@@ -54,10 +56,10 @@ module up_voq_buf #(
     input  wire                    s_valid,
     output wire                    s_ready,
 
-    output wire [(ONE_PORT ? W : N*W)-1:0] m_data,
+    output wire [(ONE_PORT != 0 ? PORTS*W : N*W)-1:0] m_data,
     output wire [N-1:0]            m_valid,
     input  wire [N-1:0]            m_ready,
-    input  wire [$clog2(N)-1:0]    m_sel,      // ONE_PORT: the queue the read port reads
+    input  wire [PORTS*$clog2(N)-1:0] m_sel,   // ONE_PORT: the queue each read port reads
 
     output wire [N-1:0]            h_valid,    // ONE_PORT: queue q holds a beat after this cycle
     output wire [N*HW-1:0]         h_len,      // ONE_PORT: top HW bits of that head beat
@@ -77,8 +79,8 @@ localparam [CW-1:0] RES_C = RES_I[CW-1:0];
 localparam [CW-1:0] POOL_C = POOL_I[CW-1:0];
 
 initial begin
-    if (RES < 1 || POOL < 0) begin
-        $error("up_voq_buf: RES must be >= 1 and POOL >= 0");
+    if (RES < 1 || POOL < 0 || PORTS < 1 || PORTS > N) begin
+        $error("up_voq_buf: RES must be >= 1, POOL >= 0 and PORTS 1 to N");
         $finish;
     end
 end
@@ -158,7 +160,18 @@ assign count   = held_reg;
 
 wire          wr = s_valid && s_ready;
 wire [AW-1:0] slot = first_free(used_reg);
-wire [N-1:0]  sel_mask = ONE_PORT ? ({{(N-1){1'b0}}, 1'b1} << m_sel) : {N{1'b1}};
+// The queues the read ports select (every queue with a port per queue).
+function [N-1:0] selected;
+    input [PORTS*IW-1:0] sel;
+    integer sp;
+    begin
+        selected = {N{1'b0}};
+        for (sp = 0; sp < PORTS; sp = sp + 1) begin
+            selected = selected | ({{(N-1){1'b0}}, 1'b1} << sel[sp*IW +: IW]);
+        end
+    end
+endfunction
+wire [N-1:0]  sel_mask = ONE_PORT != 0 ? selected(m_sel) : {N{1'b1}};
 wire [N-1:0]  rd = m_valid & m_ready & sel_mask;
 
 // Slots read this cycle (free from the next), and how many.
@@ -193,24 +206,44 @@ generate
         assign h_len = {(N*HW){1'b0}};
         wire unused_sel = &{1'b0, m_sel};
     end else begin : one_gen
-        // The one read port, and the head bits of the beat after it.
-        wire [W+AW-1:0] word = buf_mem[head_reg[m_sel]];
-        wire [AW-1:0]   nxt = word[W +: AW];
+        // The read ports, and the head bits of the beat after each.
         reg  [HW-1:0]   head_mem [0:SLOTS-1];
         reg  [HW-1:0]   hlen_reg [0:N-1];
-        wire [HW-1:0]   nxt_len = head_mem[nxt];
+        wire [PORTS*AW-1:0] p_nxt;
+        wire [PORTS*HW-1:0] p_len;
         wire [HW-1:0]   s_len = s_data[W-1 -: HW];
-        integer h;
+        reg  [N*AW-1:0] q_nxt;      // per queue: the link of its head beat
+        reg  [N*HW-1:0] q_len;      // and the head bits of the beat there
+        integer h, qh, qp;
         initial begin
             for (h = 0; h < N; h = h + 1) hlen_reg[h] = {HW{1'b0}};
         end
-        assign m_data = word[W-1:0];
+        for (g = 0; g < PORTS; g = g + 1) begin : port_gen
+            wire [W+AW-1:0] word = buf_mem[head_reg[m_sel[g*IW +: IW]]];
+            assign m_data[g*W +: W] = word[W-1:0];
+            assign p_nxt[g*AW +: AW] = word[W +: AW];
+            assign p_len[g*HW +: HW] = head_mem[word[W +: AW]];
+        end
+        // A queue read now is selected by some port (all ports selecting
+        // it see the same word); the last such port is taken.
+        always @* begin
+            q_nxt = {(N*AW){1'b0}};
+            q_len = {(N*HW){1'b0}};
+            for (qh = 0; qh < N; qh = qh + 1) begin
+                for (qp = 0; qp < PORTS; qp = qp + 1) begin
+                    if (m_sel[qp*IW +: IW] == qh[IW-1:0]) begin
+                        q_nxt[qh*AW +: AW] = p_nxt[qp*AW +: AW];
+                        q_len[qh*HW +: HW] = p_len[qp*HW +: HW];
+                    end
+                end
+            end
+        end
         for (g = 0; g < N; g = g + 1) begin : head_gen
-            assign link[g*AW +: AW] = nxt;
+            assign link[g*AW +: AW] = q_nxt[g*AW +: AW];
             // After a read the head is the beat at the link (written in
             // an earlier cycle when the queue held more than one beat).
             assign h_valid[g] = rd[g] ? cnt_reg[g] > {{(CW-1){1'b0}}, 1'b1} : m_valid[g];
-            assign h_len[g*HW +: HW] = rd[g] ? nxt_len : hlen_reg[g];
+            assign h_len[g*HW +: HW] = rd[g] ? q_len[g*HW +: HW] : hlen_reg[g];
         end
         always @(posedge clk) begin
             if (wr) head_mem[spare_reg[s_dest]] <= s_len;
@@ -218,7 +251,7 @@ generate
                 if (rd[h]) begin
                     // More beats: the next one's; else the beat written
                     // now, if any, becomes the head.
-                    hlen_reg[h] <= cnt_reg[h] > {{(CW-1){1'b0}}, 1'b1} ? nxt_len : s_len;
+                    hlen_reg[h] <= cnt_reg[h] > {{(CW-1){1'b0}}, 1'b1} ? q_len[h*HW +: HW] : s_len;
                 end else if (cnt_reg[h] == {CW{1'b0}} && wr && s_dest == h[IW-1:0]) begin
                     hlen_reg[h] <= s_len;
                 end

@@ -44,6 +44,7 @@ const MODELS: &[ModelSpec] = &[
             "-GVOQ_POOL=768",
             "-GMATCH=1",
             "-GITER=2",
+            "-GPORTS=2",
         ],
     },
     ModelSpec {

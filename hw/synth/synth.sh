@@ -23,6 +23,7 @@ configs=(
   "connector_n4|up_connector|N=4"
   "crossbar_n4|up_crossbar|N=4 DEPTH=32"
   "crossbar_n4_islip|up_crossbar|N=4 DEPTH=32 MATCH=1"
+  "crossbar_n4_islip2|up_crossbar|N=4 DEPTH=32 MATCH=1 ITER=2 PORTS=2"
   "crossbar_n8|up_crossbar|N=8 DEPTH=32"
   "underlay_m2|up_underlay|"
   "top_n4|uniplane_top|"

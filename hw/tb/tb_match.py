@@ -1,14 +1,18 @@
-"""up_match: iSLIP-style matching, a message at a time.
+"""up_match: iSLIP-style matching, a message at a time, an input holding up
+to PORTS matches (one per read port).
 
 Random requests that persist for a while, outputs paused now and then,
 and messages of random length whose last beat leaves under random
 backpressure (`done`). Every cycle the matching is valid (no input or
 output twice, a new pair only where a request was, on an enabled
-output), a pair holds until its message is done, and a pair whose
-message ends may be replaced in that same cycle. With round-robin
-outputs the matching, the grant pointers and the accept pointers are
-cycle for cycle those of a Python iSLIP (McKeown 1999: pointers move one
-beyond the partner only on a first-iteration accept). With every
+output, an input on at most PORTS outputs, each through its own port),
+a pair holds until its message is done, and a pair whose message ends
+may be replaced in that same cycle. With round-robin outputs the
+matching, the grant pointers and the accept pointers are cycle for cycle
+those of a Python iSLIP (McKeown 1999: pointers move one beyond the
+partner only on a first-iteration accept; with several ports an input
+accepts a grant per free port, lowest port first, and its pointer moves
+one beyond the last output it accepted). With every
 request persistent, each one is granted within a bound; under DRR with
 random weights and lengths too."""
 
@@ -39,21 +43,24 @@ class Islip:
     """The reference: iSLIP with round-robin grants, held until done, with
     up_match's reservations against starvation."""
 
-    def __init__(self, n, iters, patience):
+    def __init__(self, n, iters, patience, ports):
         self.n = n
         self.iters = iters
         self.patience = patience
+        self.ports = ports
         self.skip = [[0] * n for _ in range(n)]   # [o][i]
         self.ob = [None] * n    # input matched to output o
-        self.ib = [None] * n    # output matched to input i
+        self.op = [None] * n    # through this port of it
+        self.ib = [None] * (n * ports)    # output matched to port p of input i, i*ports+p
         self.g = [0] * n        # grant pointers
         self.a = [0] * n        # accept pointers
 
     def step(self, req, done, enable):
-        n = self.n
+        n, k = self.n, self.ports
         raw = req
         out_free = [self.ob[o] is None or done[o] for o in range(n)]
-        in_free = [self.ib[i] is None or done[self.ib[i]] for i in range(n)]
+        port_free = [self.ib[p] is None or done[self.ib[p]] for p in range(n * k)]
+        in_free = [any(port_free[i * k:(i + 1) * k]) for i in range(n)]
         res = {}
         for o in range(n):
             full = {i for i in range(n) if self.skip[o][i] == self.patience}
@@ -62,38 +69,45 @@ class Islip:
         held = set(res.values())
         req = [[req[i][o] and res.get(o, i) == i and (i not in held or res.get(o) == i)
                 for o in range(n)] for i in range(n)]
-        m_out, m_in, moved = {}, {}, []
+        m_out, m_port, moved = {}, {}, {}
         for it in range(self.iters):
+            def open_ports(i):
+                return [q for q in range(k) if port_free[i * k + q] and i * k + q not in m_port]
             grants = {}
             for o in range(n):
                 if not (out_free[o] and enable[o]) or o in m_out:
                     continue
-                cands = {i for i in range(n) if req[i][o] and in_free[i] and i not in m_in}
+                cands = {i for i in range(n) if req[i][o] and open_ports(i)}
                 if cands:
                     grants.setdefault(first_from(cands, self.g[o], n), set()).add(o)
             for i, outs in grants.items():
-                o = first_from(outs, self.a[i], n)
-                m_in[i], m_out[o] = o, i
-                if it == 0:
-                    moved.append((i, o))
+                for q in open_ports(i):
+                    if not outs:
+                        break
+                    o = first_from(outs, self.a[i], n)
+                    outs.discard(o)
+                    m_port[i * k + q], m_out[o] = o, (i, q)
+                    if it == 0:
+                        moved.setdefault(i, []).append(o)
         for o in range(n):
             for j in range(n):
                 if not raw[j][o]:
                     self.skip[o][j] = 0
                 elif o in m_out:
-                    if m_out[o] == j:
+                    if m_out[o][0] == j:
                         self.skip[o][j] = 0
                     elif not in_free[j] and self.skip[o][j] != self.patience:
                         self.skip[o][j] += 1
-        for i, o in moved:
-            self.g[o] = (i + 1) % n
-            self.a[i] = (o + 1) % n
+        for i, outs in moved.items():
+            for o in outs:
+                self.g[o] = (i + 1) % n
+            self.a[i] = (outs[-1] + 1) % n
         for o in range(n):
             if out_free[o]:
-                self.ob[o] = m_out.get(o)
-        for i in range(n):
-            if in_free[i]:
-                self.ib[i] = m_in.get(i)
+                self.ob[o], self.op[o] = m_out.get(o, (None, None))
+        for p in range(n * k):
+            if port_free[p]:
+                self.ib[p] = m_port.get(p)
 
 
 def setup(dut):
@@ -110,14 +124,17 @@ def setup(dut):
     return n, iw
 
 
-def sample(dut, n, iw):
-    """The matching as the DUT holds it: input of each output, output of each input."""
-    ob, oin = int(dut.o_busy.value), int(dut.o_in.value)
+def sample(dut, n, iw, k):
+    """The matching as the DUT holds it: input of each output and the port
+    of that input, output of each port of each input (i*k+p)."""
+    pw = max(1, (k - 1).bit_length())
+    ob, oin, oport = int(dut.o_busy.value), int(dut.o_in.value), int(dut.o_port.value)
     ib, iout = int(dut.i_busy.value), int(dut.i_out.value)
     m = (1 << iw) - 1
     outs = [(oin >> (o * iw) & m) if ob >> o & 1 else None for o in range(n)]
-    ins = [(iout >> (i * iw) & m) if ib >> i & 1 else None for i in range(n)]
-    return outs, ins
+    ports = [(oport >> (o * pw) & ((1 << pw) - 1)) if ob >> o & 1 else None for o in range(n)]
+    ins = [(iout >> (p * iw) & m) if ib >> p & 1 else None for p in range(n * k)]
+    return outs, ports, ins
 
 
 def pointers(dut, n, iw):
@@ -133,6 +150,7 @@ async def run(dut, n, iw, rng, cycles, flip, pause, stall, max_len, on=0.5, refi
     `pause`, a matched message's beat held with probability `stall`.
     Returns the longest wait of a request (from the cycle it was on and
     its pair unmatched to its match) and the requests still waiting."""
+    k = int(dut.PORTS.value)
     req = [[rng.random() < on for _ in range(n)] for _ in range(n)]
     lens = [[rng.randrange(64, 3000) for _ in range(n)] for _ in range(n)]
     left = [0] * n              # beats of the matched message still to leave
@@ -145,12 +163,14 @@ async def run(dut, n, iw, rng, cycles, flip, pause, stall, max_len, on=0.5, refi
     for cycle in range(cycles):
         await RisingEdge(dut.clk)
         await ReadOnly()
-        outs, ins = sample(dut, n, iw)
-        # A valid matching, both views agreeing.
+        outs, ports, ins = sample(dut, n, iw, k)
+        # A valid matching, both views agreeing: an input on at most k
+        # outputs, each through its own port.
         matched = [o for o in range(n) if outs[o] is not None]
-        assert len({outs[o] for o in matched}) == len(matched), f"an input twice: {outs}"
+        assert len({(outs[o], ports[o]) for o in matched}) == len(matched), f"a port twice: {outs} {ports}"
         for o in matched:
-            assert ins[outs[o]] == o, f"views disagree: outs {outs} ins {ins}"
+            assert ports[o] < k, f"output {o} on port {ports[o]} of {k}"
+            assert ins[outs[o] * k + ports[o]] == o, f"views disagree: outs {outs} ports {ports} ins {ins}"
         assert sum(x is not None for x in ins) == len(matched), f"outs {outs} ins {ins}"
         if prev is not None:
             for o in range(n):
@@ -165,8 +185,9 @@ async def run(dut, n, iw, rng, cycles, flip, pause, stall, max_len, on=0.5, refi
                     if (i, o) in since:
                         worst = max(worst, cycle - since.pop((i, o)))
         if model is not None:
-            assert outs == model.ob and ins == model.ib, (
-                f"cycle {cycle}: rtl outs {outs} ins {ins}, islip outs {model.ob} ins {model.ib}")
+            assert (outs, ports, ins) == (model.ob, model.op, model.ib), (
+                f"cycle {cycle}: rtl outs {outs} ports {ports} ins {ins}, "
+                f"islip outs {model.ob} ports {model.op} ins {model.ib}")
             g, a = pointers(dut, n, iw)
             assert (g, a) == (model.g, model.a), f"pointers rtl {g} {a}, islip {model.g} {model.a}"
         prev = outs
@@ -207,8 +228,9 @@ async def round_robin_matching_is_islip_cycle_for_cycle(dut):
     n, iw = setup(dut)
     await start(dut)
     iters = int(dut.ITER.value)
-    model = Islip(n, iters, int(dut.PATIENCE.value))
-    rng = random.Random(17 * n + iters)
+    ports = int(dut.PORTS.value)
+    model = Islip(n, iters, int(dut.PATIENCE.value), ports)
+    rng = random.Random(17 * n + iters + 100 * ports)
     await run(dut, n, iw, rng, cycles(n), flip=0.1, pause=0.1, stall=0.3, max_len=5, model=model)
 
 

@@ -1,8 +1,10 @@
-"""up_voq_buf with ONE_PORT = 1: the one read port gives the head of the
-queue m_sel, only that queue is read, and every cycle h_valid / h_len
-show for every queue the head it will have after this cycle's read (the
-top HW bits of that beat), under random writes, random selection and
-random backpressure; every beat once, on its queue, in order."""
+"""up_voq_buf with ONE_PORT = 1 and PORTS read ports: read port p gives
+the head of the queue m_sel[p], only the queues some port selects are
+read (once, when two ports select the same one), and every cycle h_valid
+/ h_len show for every queue the head it will have after this cycle's
+read (the top HW bits of that beat), under random writes, random
+selections and random backpressure per queue; every beat once, on its
+queue, in order."""
 
 import random
 
@@ -13,43 +15,49 @@ from tbutil import start
 
 
 @cocotb.test()
-async def the_one_port_reads_the_selected_queue_and_every_head_is_shown(dut):
+async def the_read_ports_read_the_selected_queues_and_every_head_is_shown(dut):
     n = len(dut.m_valid)
     w, hw = len(dut.s_data), int(dut.HW.value)
     res, pool = int(dut.RES.value), int(dut.POOL.value)
+    ports = int(dut.PORTS.value)
+    iw = max(1, (n - 1).bit_length())
     dut.s_valid.value = 0
     dut.s_data.value = 0
     dut.s_dest.value = 0
     dut.m_ready.value = 0
     dut.m_sel.value = 0
     await start(dut)
-    rng = random.Random(n * 7 + res)
+    rng = random.Random(n * 7 + res + 1000 * ports)
     queues = [[] for _ in range(n)]
     sent = [[] for _ in range(n)]
     got = [[] for _ in range(n)]
     seq = 0
     for cycle in range(3000):
-        # Inputs for this cycle: a random write, a random queue read.
+        # Inputs for this cycle: a random write, a random queue per port,
+        # random readiness per queue (only selected queues may read).
         write = rng.random() < 0.6 and cycle < 2700
         dest = rng.randrange(n)
         data = rng.randrange(1 << hw) << (w - hw) | seq
-        sel = rng.randrange(n)
-        ready = rng.random() < 0.7
+        sel = [rng.randrange(n) for _ in range(ports)]
+        ready = [rng.random() < 0.7 for _ in range(n)]
         dut.s_valid.value = int(write)
         dut.s_data.value = data
         dut.s_dest.value = dest
-        dut.m_sel.value = sel
-        # m_ready of every queue: only the selected one may read.
-        dut.m_ready.value = (1 << n) - 1 if ready else 0
+        dut.m_sel.value = sum(q << (p * iw) for p, q in enumerate(sel))
+        dut.m_ready.value = sum(1 << q for q in range(n) if ready[q])
         await FallingEdge(dut.clk)
-        read = ready and bool(queues[sel])
-        if queues[sel]:
-            assert int(dut.m_data.value.binstr, 2) == queues[sel][0], f"cycle {cycle}: queue {sel}'s head"
+        reads = {q for q in sel if ready[q] and queues[q]}
+        # A port on an empty queue shows whatever its slot held (x at first).
+        md = dut.m_data.value.binstr
+        for p, q in enumerate(sel):
+            if queues[q]:
+                beat = int(md[len(md) - (p + 1) * w:len(md) - p * w], 2)
+                assert beat == queues[q][0], f"cycle {cycle}: port {p}, queue {q}'s head"
         hv = int(dut.h_valid.value)
         # The bits of an empty queue's head are whatever its slot held (x at first).
         hl = dut.h_len.value.binstr
         for q in range(n):
-            rest = queues[q][1:] if (read and q == sel) else queues[q]
+            rest = queues[q][1:] if q in reads else queues[q]
             assert (hv >> q & 1) == bool(rest), f"cycle {cycle}: h_valid of queue {q}"
             if rest:
                 want = rest[0] >> (w - hw)
@@ -57,8 +65,8 @@ async def the_one_port_reads_the_selected_queue_and_every_head_is_shown(dut):
                 assert got_len == want, f"cycle {cycle}: h_len of queue {q}"
         accepted = write and int(dut.s_ready.value)
         await RisingEdge(dut.clk)
-        if read:
-            got[sel].append(queues[sel].pop(0))
+        for q in reads:
+            got[q].append(queues[q].pop(0))
         if accepted:
             queues[dest].append(data)
             sent[dest].append(data)

@@ -71,9 +71,11 @@ def test_voq_buf(n, res, pool):
     run("up_voq_buf", "tb_voq_buf", {"N": n, "W": 32, "RES": res, "POOL": pool}, ["up_voq_buf.v"])
 
 
-@pytest.mark.parametrize("n,res,pool", [(2, 1, 0), (4, 2, 8), (4, 8, 40)])
-def test_voq_buf_one_port(n, res, pool):
-    run("up_voq_buf", "tb_voq_one", {"N": n, "W": 32, "RES": res, "POOL": pool, "ONE_PORT": 1, "HW": 8},
+@pytest.mark.parametrize("n,res,pool,ports", [(2, 1, 0, 1), (4, 2, 8, 1), (4, 8, 40, 1),
+                                             (2, 1, 0, 2), (4, 2, 8, 2), (4, 8, 40, 3)])
+def test_voq_buf_read_ports(n, res, pool, ports):
+    run("up_voq_buf", "tb_voq_one",
+        {"N": n, "W": 32, "RES": res, "POOL": pool, "ONE_PORT": 1, "PORTS": ports, "HW": 8},
         ["up_voq_buf.v"])
 
 
@@ -82,6 +84,9 @@ def test_kernel(kernel):
     run(f"up_kernel_{kernel}", "tb_kernels", {}, [f"kernels/up_kernel_{kernel}.v", "up_skid.v"])
 
 
-@pytest.mark.parametrize("n,iters,patience", [(2, 1, 2), (3, 2, 4), (4, 1, 4), (4, 3, 16), (8, 2, 8)])
-def test_match(n, iters, patience):
-    run("up_match", "tb_match", {"N": n, "ITER": iters, "PATIENCE": patience}, ["up_match.v", "up_sched.v"])
+@pytest.mark.parametrize("n,iters,patience,ports",
+                         [(2, 1, 2, 1), (3, 2, 4, 1), (4, 1, 4, 1), (4, 3, 16, 1), (8, 2, 8, 1),
+                          (2, 1, 2, 2), (3, 2, 4, 2), (4, 1, 4, 2), (4, 2, 16, 2), (4, 2, 4, 3), (8, 2, 8, 2)])
+def test_match(n, iters, patience, ports):
+    run("up_match", "tb_match", {"N": n, "ITER": iters, "PATIENCE": patience, "PORTS": ports},
+        ["up_match.v", "up_sched.v"])

@@ -58,8 +58,9 @@ pub mod id {
     /// beyond their reserves.
     pub const VOQ_POOL: u32 = 0x040;
     /// The crossbar: bits 7:0 its matching (0: a read port per output, no
-    /// matching; 1: one read port per input, iSLIP-style matching), bits
-    /// 15:8 the matching iterations per cycle (0 without matching).
+    /// matching; 1: a few read ports per input, iSLIP-style matching), bits
+    /// 15:8 the matching iterations per cycle and bits 23:16 the read ports
+    /// per input (both 0 without matching).
     pub const CROSSBAR: u32 = 0x044;
 }
 

@@ -11,11 +11,12 @@ pub enum Model {
     N4,
     /// 8 overlay ports, 32-beat virtual output queues, 2 underlay stacks.
     N8,
-    /// [`Model::N4`] with the other crossbar (`MATCH = 1`): one read port
+    /// [`Model::N4`] with the other crossbar (`MATCH = 1`): two read ports
     /// per input buffer instead of one per output, and an iSLIP-style
-    /// matcher (`up_match`, two iterations) pairing free inputs with free
-    /// outputs a whole message at a time, each output's grant made by its
-    /// own scheduler.
+    /// matcher (`up_match`, two iterations) pairing inputs with a free
+    /// read port with free outputs a whole message at a time, each
+    /// output's grant made by its own scheduler. The second port is the
+    /// speedup that keeps the outputs busy under saturation.
     N4Islip,
     /// [`Model::N8`] with kernels on two of its ports
     /// (`hw/rtl/kernels/up_top_kernels.v`): the echo kernel on
@@ -68,6 +69,17 @@ impl Model {
         match self {
             Model::N4Islip => Some(2),
             Model::N4 | Model::N8 | Model::N8Kernels => None,
+        }
+    }
+
+    /// Read ports of each input's buffer: one per output without matching,
+    /// as the ID block's `CROSSBAR` register says (bits 23:16 with
+    /// matching).
+    pub fn read_ports(self) -> usize {
+        match self {
+            Model::N4Islip => 2,
+            Model::N4 => 4,
+            Model::N8 | Model::N8Kernels => 8,
         }
     }
 

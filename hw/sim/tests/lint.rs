@@ -124,4 +124,10 @@ fn the_top_level_with_islip_matching_is_lint_clean_for_every_port_count() {
     lint(&["-GN=4", "-GMATCH=1"]);
     lint(&["-GN=8", "-GMATCH=1", "-GITER=3"]);
     lint(&["-GN=16", "-GMATCH=1", "-GITER=2", "-GPATIENCE=64"]);
+    // Several read ports per input: two (the built model's), three (not
+    // a power of two), and as many as there are outputs.
+    lint(&["-GN=2", "-GMATCH=1", "-GPORTS=2", "-GVOQ_DEPTH=2"]);
+    lint(&["-GN=4", "-GMATCH=1", "-GITER=2", "-GPORTS=2"]);
+    lint(&["-GN=4", "-GMATCH=1", "-GPORTS=3"]);
+    lint(&["-GN=8", "-GMATCH=1", "-GITER=2", "-GPORTS=8"]);
 }

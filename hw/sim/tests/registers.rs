@@ -51,11 +51,12 @@ fn the_id_block_says_which_crossbar_the_model_has() {
         let mut dev = RtlDevice::new(model);
         let want = match model.match_iterations() {
             None => 0,
-            Some(iters) => 1 | iters << 8,
+            Some(iters) => 1 | iters << 8 | (model.read_ports() as u32) << 16,
         };
         assert_eq!(dev.read(regs::id::CROSSBAR).unwrap(), want, "{model:?}");
     }
     assert_eq!(Model::N4Islip.match_iterations(), Some(2));
+    assert_eq!(Model::N4Islip.read_ports(), 2);
 }
 
 #[test]

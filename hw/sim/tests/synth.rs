@@ -66,6 +66,11 @@ fn yosys_elaborates_the_top_level_cleanly() {
 #[test]
 fn yosys_elaborates_the_top_level_with_islip_matching_cleanly() {
     elaborate_with("uniplane_top", &rtl_files(), &[("MATCH", 1), ("ITER", 2)]);
+    elaborate_with(
+        "uniplane_top",
+        &rtl_files(),
+        &[("MATCH", 1), ("ITER", 2), ("PORTS", 2)],
+    );
 }
 
 /// Elaborates the kernel `top` (in `rtl/kernels/`) with the modules it uses.
