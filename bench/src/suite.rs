@@ -264,8 +264,8 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Feature("rtl", cfg!(feature = "rtl"))],
             ours: "/results/beats_per_cycle_min",
             peer: Some((
-                "/results/reference/beats_per_cycle",
-                "a FIFO input-queued switch (head-of-line bound)",
+                "/results/output_queued/beats_per_cycle_min",
+                "an output-queued switch, unbounded buffers, same destinations",
             )),
             peer_args: None,
             scale: 1.0,
@@ -280,8 +280,8 @@ pub fn rows() -> Vec<Row> {
             needs: &[Need::Feature("rtl", cfg!(feature = "rtl"))],
             ours: "/results/beats_per_cycle_min",
             peer: Some((
-                "/results/reference/beats_per_cycle",
-                "a FIFO input-queued switch (head-of-line bound)",
+                "/results/output_queued/beats_per_cycle_min",
+                "an output-queued switch, unbounded buffers, same destinations",
             )),
             peer_args: None,
             scale: 1.0,

@@ -35,6 +35,22 @@ fn hw_reports_beats_per_cycle_per_output_beside_its_reference() {
     assert!(count(&v, "results.messages_delivered") > 0);
     assert!(number(&v, "results.reference.beats_per_cycle") < 0.7);
     assert!(number(&v, "results.ratio") > 0.0);
+    // The output-queued switch on the same destinations: one figure per
+    // output, each at most the line rate, and its lowest output no lower
+    // than a FIFO input-queued switch's head-of-line bound.
+    let oq = at(&v, "results.output_queued.beats_per_cycle")
+        .as_array()
+        .unwrap();
+    assert_eq!(oq.len() as u64, count(&v, "results.ports"));
+    assert!(oq
+        .iter()
+        .all(|b| (0.0..=1.0).contains(&b.as_f64().unwrap())));
+    let oq_min = number(&v, "results.output_queued.beats_per_cycle_min");
+    assert!(
+        oq_min > number(&v, "results.reference.beats_per_cycle"),
+        "{oq_min}"
+    );
+    assert!(oq_min <= number(&v, "results.output_queued.beats_per_cycle_mean"));
 
     let v = last_json(&bench(&[
         "hw",
@@ -55,6 +71,8 @@ fn hw_reports_beats_per_cycle_per_output_beside_its_reference() {
     assert!(out0 > 0.0 && out0 <= 1.0, "{out0}");
     assert!(per_output[1..].iter().all(|b| b.as_f64() == Some(0.0)));
     assert_eq!(number(&v, "results.reference.beats_per_cycle"), 1.0);
+    // Every input to port 0 keeps it busy in the output-queued switch.
+    assert_eq!(number(&v, "results.output_queued.beats_per_cycle_min"), 1.0);
 }
 
 #[cfg(feature = "rtl")]
