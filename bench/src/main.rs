@@ -267,7 +267,7 @@ struct HwArgs {
     ports: u32,
     /// The crossbar: ports (a read port per output in every input's
     /// buffer, no matching) or islip (two read ports per input,
-    /// iSLIP-style matching; built for 4 ports).
+    /// iSLIP-style matching).
     #[arg(long, default_value = "ports", value_parser = ["ports", "islip"])]
     crossbar: String,
     /// Measured clock cycles (after 2,000 of warm-up).
@@ -2696,12 +2696,8 @@ fn hw(cli: &Cli, a: &HwArgs) -> Result<(), BenchError> {
     let model = match (a.ports, a.crossbar.as_str()) {
         (4, "islip") => Model::N4Islip,
         (4, _) => Model::N4,
-        (8, "ports") => Model::N8,
-        (8, _) => {
-            return Err(BenchError::Config(
-                "--crossbar islip: the RTL with iSLIP matching is built with 4 ports".into(),
-            ))
-        }
+        (8, "islip") => Model::N8Islip,
+        (8, _) => Model::N8,
         (other, _) => {
             return Err(BenchError::Config(format!(
                 "--ports {other}: the RTL is built with 4 or 8"

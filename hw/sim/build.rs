@@ -48,6 +48,19 @@ const MODELS: &[ModelSpec] = &[
         ],
     },
     ModelSpec {
+        prefix: "up_n8i",
+        top: "uniplane_top",
+        kernels: false,
+        params: &[
+            "-GN=8",
+            "-GVOQ_DEPTH=32",
+            "-GVOQ_POOL=768",
+            "-GMATCH=1",
+            "-GITER=2",
+            "-GPORTS=2",
+        ],
+    },
+    ModelSpec {
         prefix: "up_k8",
         top: "up_top_kernels",
         kernels: true,

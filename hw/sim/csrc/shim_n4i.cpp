@@ -1,5 +1,5 @@
-// The N = 4 model with one read port per input buffer and iSLIP matching
-// in its crossbar (MATCH = 1; see shim.h).
+// The N = 4 model with two read ports per input buffer and iSLIP matching
+// in its crossbar (MATCH = 1, PORTS = 2; see shim.h).
 #include "Vup_n4i.h"
 #include "shim.h"
 

@@ -134,6 +134,22 @@ model!(
     up_n4i_axil_out
 );
 model!(
+    N8I,
+    up_n8i_new,
+    up_n8i_free,
+    up_n8i_ports,
+    up_n8i_stacks,
+    up_n8i_set_rst,
+    up_n8i_eval,
+    up_n8i_tick,
+    up_n8i_set_in,
+    up_n8i_in_ready,
+    up_n8i_set_out_ready,
+    up_n8i_out,
+    up_n8i_set_axil,
+    up_n8i_axil_out
+);
+model!(
     K8,
     up_k8_new,
     up_k8_free,

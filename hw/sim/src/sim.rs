@@ -18,6 +18,9 @@ pub enum Model {
     /// output's grant made by its own scheduler. The second port is the
     /// speedup that keeps the outputs busy under saturation.
     N4Islip,
+    /// [`Model::N8`] with the iSLIP crossbar of [`Model::N4Islip`] (two
+    /// read ports per input, two iterations).
+    N8Islip,
     /// [`Model::N8`] with kernels on two of its ports
     /// (`hw/rtl/kernels/up_top_kernels.v`): the echo kernel on
     /// [`Model::ECHO_PORT`], the sum32 kernel on [`Model::SUM32_PORT`].
@@ -33,6 +36,7 @@ impl Model {
         match self {
             Model::N4 => ffi::N4,
             Model::N4Islip => ffi::N4I,
+            Model::N8Islip => ffi::N8I,
             Model::N8 => ffi::N8,
             Model::N8Kernels => ffi::K8,
         }
@@ -49,7 +53,7 @@ impl Model {
     pub fn kernel_ports(self) -> Option<(usize, usize)> {
         match self {
             Model::N8Kernels => Some((Model::ECHO_PORT, Model::SUM32_PORT)),
-            Model::N4 | Model::N4Islip | Model::N8 => None,
+            Model::N4 | Model::N4Islip | Model::N8 | Model::N8Islip => None,
         }
     }
 
@@ -58,7 +62,7 @@ impl Model {
     pub fn voq_depth(self) -> usize {
         match self {
             Model::N4 | Model::N4Islip => 64,
-            Model::N8 | Model::N8Kernels => 32,
+            Model::N8 | Model::N8Islip | Model::N8Kernels => 32,
         }
     }
 
@@ -67,7 +71,7 @@ impl Model {
     /// block's `CROSSBAR` register says.
     pub fn match_iterations(self) -> Option<u32> {
         match self {
-            Model::N4Islip => Some(2),
+            Model::N4Islip | Model::N8Islip => Some(2),
             Model::N4 | Model::N8 | Model::N8Kernels => None,
         }
     }
@@ -77,7 +81,7 @@ impl Model {
     /// matching).
     pub fn read_ports(self) -> usize {
         match self {
-            Model::N4Islip => 2,
+            Model::N4Islip | Model::N8Islip => 2,
             Model::N4 => 4,
             Model::N8 | Model::N8Kernels => 8,
         }

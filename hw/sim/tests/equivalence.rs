@@ -195,9 +195,15 @@ fn free_running_traces_through_the_islip_crossbar_keep_every_flow_in_order_and_l
     free_running(Model::N4Islip, SEEDS_FREE);
 }
 
+#[test]
+fn free_running_traces_through_the_8_port_islip_crossbar_keep_every_flow_in_order() {
+    free_running(Model::N8Islip, SEEDS_FREE / 4);
+}
+
 fn free_running(model: Model, seeds: u64) {
+    let ports = RtlDevice::new(model).ports();
     for seed in 0..seeds {
-        let sc = Scenario::random(1000 + seed, 4, 12, 60);
+        let sc = Scenario::random(1000 + seed, ports, 12, 60);
         let sw = run_engine(&sc, false);
         let traffic = Traffic {
             input_idle: 0.3,

@@ -19,6 +19,7 @@ fn the_blocks_chain_from_the_id_block_through_every_port_to_the_underlay() {
         (Model::N8, 8),
         (Model::N8Kernels, 8),
         (Model::N4Islip, 4),
+        (Model::N8Islip, 8),
     ] {
         let dev = RtlDevice::new(model);
         let kinds: Vec<u32> = dev.blocks().iter().map(|b| b.kind).collect();
@@ -47,7 +48,13 @@ fn the_id_block_reports_the_build_parameters_and_the_header_layout() {
 
 #[test]
 fn the_id_block_says_which_crossbar_the_model_has() {
-    for model in [Model::N4, Model::N8, Model::N8Kernels, Model::N4Islip] {
+    for model in [
+        Model::N4,
+        Model::N8,
+        Model::N8Kernels,
+        Model::N4Islip,
+        Model::N8Islip,
+    ] {
         let mut dev = RtlDevice::new(model);
         let want = match model.match_iterations() {
             None => 0,
