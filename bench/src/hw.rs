@@ -85,6 +85,26 @@ fn device(model: Model) -> Result<RtlDevice, BenchError> {
     Ok(dev)
 }
 
+/// The output of a sender's next message.
+fn destination(pattern: HwPattern, rng: &mut SplitMix64, n: usize) -> usize {
+    match pattern {
+        HwPattern::AllToOne => 0,
+        HwPattern::Uniform => rng.below(n as u64) as usize,
+    }
+}
+
+/// Mean and lowest of the per-output figures of the outputs the pattern
+/// sends to (port 0 alone for all-to-one).
+fn receiving(pattern: HwPattern, per_output: &[f64]) -> (f64, f64) {
+    let receiving = match pattern {
+        HwPattern::AllToOne => &per_output[..1],
+        HwPattern::Uniform => per_output,
+    };
+    let mean = receiving.iter().sum::<f64>() / receiving.len().max(1) as f64;
+    let min = receiving.iter().copied().fold(f64::INFINITY, f64::min);
+    (mean, min)
+}
+
 /// Runs the measurement; `observer` gets progress in cycles.
 pub fn run_hw(cfg: &HwBench, observer: &mut dyn Observer) -> Result<Value, BenchError> {
     if cfg.size > MAX_HW_SIZE {
@@ -112,10 +132,7 @@ pub fn run_hw(cfg: &HwBench, observer: &mut dyn Observer) -> Result<Value, Bench
     let mut top_up = |dev: &mut RtlDevice| -> Result<(), BenchError> {
         for &i in &senders {
             while dev.queued_beats(Stream::Port, i) < 64 {
-                let to = match cfg.pattern {
-                    HwPattern::AllToOne => 0,
-                    HwPattern::Uniform => rng.below(n as u64) as usize,
-                };
+                let to = destination(cfg.pattern, &mut rng, n);
                 let mut m = Message::send(
                     uid(i as u16 + 1).port(1),
                     uid(to as u16 + 1).port(1),
@@ -158,12 +175,7 @@ pub fn run_hw(cfg: &HwBench, observer: &mut dyn Observer) -> Result<Value, Bench
     let per_output: Vec<f64> = (0..n)
         .map(|o| (dev.beats_out(Stream::Port, o) - start[o]) as f64 / window as f64)
         .collect();
-    let receiving: Vec<f64> = match cfg.pattern {
-        HwPattern::AllToOne => vec![per_output[0]],
-        HwPattern::Uniform => per_output.clone(),
-    };
-    let mean = receiving.iter().sum::<f64>() / receiving.len().max(1) as f64;
-    let min = receiving.iter().copied().fold(f64::INFINITY, f64::min);
+    let (mean, min) = receiving(cfg.pattern, &per_output);
     // The same destinations through an ideal output-queued switch: each
     // input's draws as far as the RTL took them, then further draws from
     // the same generator, sent at the line rate from cycle 0.
@@ -171,19 +183,11 @@ pub fn run_hw(cfg: &HwBench, observer: &mut dyn Observer) -> Result<Value, Bench
     let need = (WARMUP + window).div_ceil(beats) as usize + 1;
     for &i in &senders {
         while drawn[i].len() < need {
-            drawn[i].push(match cfg.pattern {
-                HwPattern::AllToOne => 0,
-                HwPattern::Uniform => rng.below(n as u64) as usize,
-            });
+            drawn[i].push(destination(cfg.pattern, &mut rng, n));
         }
     }
     let oq = output_queued(n, &drawn, beats, WARMUP, window);
-    let oq_receiving: Vec<f64> = match cfg.pattern {
-        HwPattern::AllToOne => vec![oq[0]],
-        HwPattern::Uniform => oq.clone(),
-    };
-    let oq_mean = oq_receiving.iter().sum::<f64>() / oq_receiving.len().max(1) as f64;
-    let oq_min = oq_receiving.iter().copied().fold(f64::INFINITY, f64::min);
+    let (oq_mean, oq_min) = receiving(cfg.pattern, &oq);
     let (reference, reference_name) = match cfg.pattern {
         HwPattern::AllToOne => (1.0, "line rate: one beat per cycle".to_owned()),
         HwPattern::Uniform => (
