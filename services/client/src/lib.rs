@@ -77,12 +77,13 @@ mod window;
 pub use connection::{Connection, Listener};
 pub use control::{Client, DataPathOptions, Wait};
 pub use error::ClientError;
-pub use mapping::MappedMemory;
+pub use mapping::{MappedMemory, SharedRegion};
 pub use runtime::{
     check_runtime_dir, client_runtime_dir, prepare_runtime_dir, runtime_dir, RuntimeDirError,
     CONTROL_SOCKET, DATA_SOCKET, SYSTEM_RUNTIME_DIR,
 };
 pub use session::Session;
+pub use uniplane_shm::grant::Access as SharedAccess;
 pub use window::Window;
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use uniplane_dataplane::wire::Status;
 use uniplane_dataplane::Uid;
-use uniplane_shm::grant::{read_under, write_under, Access, GrantView};
+use uniplane_shm::grant::{read_under, write_under, Access, Grant, GrantView};
 use uniplane_shm::sys::{recv_with_fds, ReadOnlyMemory, SharedMemory};
 
 use crate::control::ControlChannel;
@@ -183,11 +183,22 @@ fn moving(device: Uid) -> ClientError {
 
 /// Asks for a mapping of `device` and claims it on the data socket.
 async fn lease(control: &ControlChannel, device: Uid) -> Result<(Lease, usize), ClientError> {
-    let v = control
-        .request(&Request::Map {
+    lease_for(
+        control,
+        &Request::Map {
             device: device.device(),
-        })
-        .await?;
+        },
+    )
+    .await
+}
+
+/// Sends `request` (a map, a share or a shared mapping) and claims the
+/// mapping its answer gives on the data socket.
+async fn lease_for(
+    control: &ControlChannel,
+    request: &Request,
+) -> Result<(Lease, usize), ClientError> {
+    let v = control.request(request).await?;
     let m: Mapping = serde_json::from_value(v).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let len =
         usize::try_from(m.len).map_err(|_| ClientError::Protocol("memory too large".into()))?;
@@ -235,4 +246,109 @@ async fn lease(control: &ControlChannel, device: Uid) -> Result<(Lease, usize), 
         },
         len,
     ))
+}
+
+/// Shared memory between processes of one server: a region a process
+/// lends its local peers ([`crate::Session::share`]) or borrows from one
+/// ([`crate::Session::map_shared`]), made and lent by the daemon as its
+/// access rules allow.
+///
+/// Every access is under the region's grant word (the protocol of
+/// `uniplane_shm::grant`): once the daemon withdraws the region — a
+/// borrower lost its grant or ended, or the owner's session ended — every
+/// access reports [`Access::Revoked`] and the region stays withdrawn; the
+/// owner keeps its bytes (its mapping is still its memory), a borrower
+/// goes back to messages. A write that reports `Revoked` may or may not
+/// have reached the owner's bytes: redo it another way.
+pub struct SharedRegion {
+    owner: Uid,
+    id: u16,
+    len: usize,
+    lease: Lease,
+}
+
+impl std::fmt::Debug for SharedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRegion")
+            .field("owner", &self.owner)
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .field("writable", &self.lease.writable)
+            .finish()
+    }
+}
+
+impl SharedRegion {
+    pub(crate) async fn open(
+        control: &ControlChannel,
+        owner: Uid,
+        id: u16,
+        request: &Request,
+    ) -> Result<SharedRegion, ClientError> {
+        let (lease, len) = lease_for(control, request).await?;
+        Ok(SharedRegion {
+            owner,
+            id,
+            len,
+            lease,
+        })
+    }
+
+    /// The lending process.
+    pub fn owner(&self) -> Uid {
+        self.owner
+    }
+
+    /// Its number among the owner's regions.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// Bytes of the region.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a region has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether this process may write it.
+    pub fn writable(&self) -> bool {
+        self.lease.writable
+    }
+
+    /// Whether the daemon has withdrawn it.
+    pub fn is_withdrawn(&self) -> bool {
+        self.lease.grant.is_revoked()
+    }
+
+    /// Writes `data` at `offset` under the grant: `Done`, `OutOfRange`
+    /// (nothing written, also for a read-only mapping's every write) or
+    /// `Revoked`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Access {
+        match &self.lease.memory {
+            Memory::Writable(m) => write_under(&self.lease.grant, m, offset, data),
+            Memory::ReadOnly(_) => Access::OutOfRange,
+        }
+    }
+
+    /// Reads `dst.len()` bytes at `offset` under the grant.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Access {
+        match &self.lease.memory {
+            Memory::Writable(m) => read_under(&self.lease.grant, m, offset, dst),
+            Memory::ReadOnly(m) => read_under(&self.lease.grant, m, offset, dst),
+        }
+    }
+
+    /// The writable mapping itself, for an owner that keeps its own
+    /// discipline over the bytes (checking [`SharedRegion::is_withdrawn`]
+    /// after every access); `None` for a read-only one.
+    pub fn memory(&self) -> Option<&SharedMemory> {
+        match &self.lease.memory {
+            Memory::Writable(m) => Some(m),
+            Memory::ReadOnly(_) => None,
+        }
+    }
 }

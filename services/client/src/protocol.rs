@@ -184,6 +184,37 @@ pub enum Request {
         /// The device number.
         device: u16,
     },
+    /// Makes `len` zeroed bytes of shared memory, region `id` of the
+    /// attached process, that its peers on this server may map
+    /// ([`Request::MapShared`]) as the access rules allow them READ (and
+    /// WRTE, when `peers_write`) on the process; the answer
+    /// ([`Mapping`], `device` the process's own) says how to claim the
+    /// process's writable mapping. Withdrawn from everyone when a borrower
+    /// loses its grant or ends, or the process's session ends.
+    Share {
+        /// The region's number among the process's.
+        id: u16,
+        /// Bytes.
+        len: u64,
+        /// Whether peers may write it (as the rules allow).
+        #[serde(default)]
+        peers_write: bool,
+    },
+    /// Withdraws region `id` the attached process shares, from every
+    /// borrower; the process keeps its bytes.
+    Unshare {
+        /// The region.
+        id: u16,
+    },
+    /// Maps region `id` that local process `owner` shares; the answer
+    /// ([`Mapping`], `device` the owner's) says how to claim it.
+    MapShared {
+        /// The lending process.
+        #[serde(with = "uid_text")]
+        owner: Uid,
+        /// The region.
+        id: u16,
+    },
 }
 
 /// Reads one control request line as the daemon does (after it has
@@ -254,6 +285,20 @@ enum RequestIn {
     Map {
         device: u16,
     },
+    Share {
+        id: u16,
+        len: u64,
+        #[serde(default)]
+        peers_write: bool,
+    },
+    Unshare {
+        id: u16,
+    },
+    MapShared {
+        #[serde(with = "uid_text")]
+        owner: Uid,
+        id: u16,
+    },
 }
 
 /// [`ConnSpec`] as a control request carries it: no other fields.
@@ -307,6 +352,17 @@ impl From<RequestIn> for Request {
             RequestIn::Resolve { name } => Request::Resolve { name },
             RequestIn::Directory {} => Request::Directory,
             RequestIn::Map { device } => Request::Map { device },
+            RequestIn::Share {
+                id,
+                len,
+                peers_write,
+            } => Request::Share {
+                id,
+                len,
+                peers_write,
+            },
+            RequestIn::MapShared { owner, id } => Request::MapShared { owner, id },
+            RequestIn::Unshare { id } => Request::Unshare { id },
             RequestIn::Close { conn } => Request::Close {
                 conn: ConnSpec {
                     src: conn.src,

@@ -906,6 +906,56 @@ impl Session {
         crate::MappedMemory::open(&self.client.control, device).await
     }
 
+    /// Makes `len` zeroed bytes of shared memory, this process's region
+    /// `id`, and maps it writable here: processes on this server map it
+    /// with [`Session::map_shared`] as the daemon's access rules allow
+    /// them READ (and WRTE, when `peers_write`) on this process. The
+    /// daemon bounds the regions of a process and their bytes
+    /// (`[limits] shared_per_resource`, `shared_mib`).
+    pub async fn share(
+        &self,
+        id: u16,
+        len: usize,
+        peers_write: bool,
+    ) -> Result<crate::SharedRegion, ClientError> {
+        let req = Request::Share {
+            id,
+            len: len as u64,
+            peers_write,
+        };
+        crate::SharedRegion::open(&self.client.control, self.uid(), id, &req).await
+    }
+
+    /// Withdraws region `id` that this process shares from every process
+    /// that mapped it: their accesses report `Revoked` from then on. This
+    /// process's own mapping stays its memory.
+    pub async fn unshare(&self, id: u16) -> Result<(), ClientError> {
+        self.client
+            .request(&Request::Unshare { id })
+            .await
+            .map(drop)
+    }
+
+    /// Maps region `id` that process `owner` of this server shares
+    /// ([`Session::share`]); read-only unless the rules and the owner let
+    /// this process write it.
+    pub async fn map_shared(
+        &self,
+        owner: Uid,
+        id: u16,
+    ) -> Result<crate::SharedRegion, ClientError> {
+        if owner.server() != self.uid().server() {
+            return Err(ClientError::Daemon {
+                kind: "bad-request".into(),
+                message: format!(
+                    "{owner} is on another server: only this server's memory can be mapped"
+                ),
+            });
+        }
+        let req = Request::MapShared { owner, id };
+        crate::SharedRegion::open(&self.client.control, owner, id, &req).await
+    }
+
     /// Claims `name` for this resource in the cluster's directory, so
     /// that any process on any server finds it with [`Client::resolve`];
     /// held until the session ends. Fails when another resource holds

@@ -140,6 +140,12 @@ pub struct Limits {
     pub listening_per_resource: usize,
     /// Peers, the configured ones and those the directory adds.
     pub peers: usize,
+    /// Shared memory regions one resource lends its peers on this server
+    /// ([`crate::ClientRequest::Share`]).
+    pub shared_per_resource: usize,
+    /// MiB of shared memory all resources together lend (the daemon
+    /// makes the memfds).
+    pub shared_mib: usize,
 }
 
 impl Default for Limits {
@@ -151,6 +157,8 @@ impl Default for Limits {
             connections_per_peer: 1024,
             listening_per_resource: 1024,
             peers: 1024,
+            shared_per_resource: 64,
+            shared_mib: 1024,
         }
     }
 }

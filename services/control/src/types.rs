@@ -65,6 +65,32 @@ pub enum ClientRequest {
         /// Device number.
         device: u16,
     },
+    /// Makes `len` zeroed bytes of shared memory that the session's
+    /// resource lends its peers on this server as region `id` (its own
+    /// numbering): the session gets it writable, and a peer that asks
+    /// ([`ClientRequest::MapShared`]) as the access rules allow it READ
+    /// (and WRTE, when `peers_write`) on the session's resource. Withdrawn
+    /// from everyone when a borrower loses its grant or the session ends.
+    Share {
+        /// The region's number among the resource's.
+        id: u16,
+        /// Bytes (at least 1).
+        len: u64,
+        /// Whether peers may write it (as the rules allow).
+        peers_write: bool,
+    },
+    /// Withdraws region `id` the session's resource shares.
+    Unshare {
+        /// The region.
+        id: u16,
+    },
+    /// Maps region `id` that local resource `owner` shares.
+    MapShared {
+        /// The lending resource's device number.
+        owner: u16,
+        /// The region.
+        id: u16,
+    },
     /// Sets the scheduling policy of a device's port.
     SetPolicy {
         /// Device number.
@@ -95,6 +121,18 @@ pub enum Reply {
         /// The device number.
         device: u16,
         /// Whether the rules allow writes too.
+        writable: bool,
+    },
+    /// A shared region is made (for its owner) or may be mapped (for a
+    /// peer): read-only unless `writable`.
+    Shared {
+        /// The lending resource's device number.
+        owner: u16,
+        /// The region.
+        id: u16,
+        /// Its bytes.
+        len: u64,
+        /// Whether the mapping may be written.
         writable: bool,
     },
 }
@@ -449,6 +487,24 @@ pub enum Action {
         session: SessionId,
         /// The device number.
         device: u16,
+    },
+    /// Make the memory of a shared region (`len` zeroed bytes) for the
+    /// session that asked; it answers a [`Reply::Shared`] that follows.
+    MakeShared {
+        /// The lending resource's device number.
+        owner: u16,
+        /// The region.
+        id: u16,
+        /// Its bytes.
+        len: u64,
+    },
+    /// Withdraw a shared region: revoke every loan of it (its owner's
+    /// too, which then keeps the bytes to itself) and forget it.
+    Withdraw {
+        /// The lending resource's device number.
+        owner: u16,
+        /// The region.
+        id: u16,
     },
     /// A chained device's connection to its next device is installed
     /// (`up`) or gone: the device sends on through it only while it is up

@@ -582,3 +582,161 @@ fn a_session_that_ends_gives_back_what_it_mapped_and_others_keep_theirs() {
     assert_eq!(unmaps(&mut h), vec![]);
     h.check();
 }
+
+fn withdrawals(h: &mut Harness) -> Vec<(u16, u16)> {
+    let mut out = Vec::new();
+    h.out.retain(|a| match a {
+        Action::Withdraw { owner, id } => {
+            out.push((*owner, *id));
+            false
+        }
+        _ => true,
+    });
+    out
+}
+
+fn made(h: &mut Harness) -> Vec<(u16, u16, u64)> {
+    let mut out = Vec::new();
+    h.out.retain(|a| match a {
+        Action::MakeShared { owner, id, len } => {
+            out.push((*owner, *id, *len));
+            false
+        }
+        _ => true,
+    });
+    out
+}
+
+#[test]
+fn shared_memory_is_made_for_its_owner_and_lent_to_peers_as_the_rules_and_owner_allow() {
+    let mut c = config();
+    c.limits.shared_per_resource = 2;
+    c.limits.shared_mib = 1;
+    let mut h = Harness::new(c);
+    let share = |h: &mut Harness, s, id, len, peers_write| {
+        h.ask(
+            s,
+            ClientRequest::Share {
+                id,
+                len,
+                peers_write,
+            },
+        )
+    };
+    assert_eq!(
+        share(&mut h, A, 0, 64, true).unwrap_err().kind(),
+        "not-attached"
+    );
+    let owner = h.attach(A, "owner");
+    let peer = h.attach(B, "peer");
+    let o = owner.device();
+    assert_eq!(
+        share(&mut h, A, 0, 4096, true),
+        Ok(Reply::Shared {
+            owner: o,
+            id: 0,
+            len: 4096,
+            writable: true
+        })
+    );
+    assert_eq!(made(&mut h), vec![(o, 0, 4096)]);
+    // Bounded: an ID once, at least a byte, so many per resource, so many
+    // bytes in all; nothing is made for a refusal.
+    assert_eq!(
+        share(&mut h, A, 0, 64, true).unwrap_err().kind(),
+        "bad-request"
+    );
+    assert_eq!(
+        share(&mut h, A, 5, 0, true).unwrap_err().kind(),
+        "bad-request"
+    );
+    assert_eq!(
+        share(&mut h, A, 1, 1 << 20, true).unwrap_err().kind(),
+        "limit"
+    );
+    assert!(share(&mut h, A, 1, 1024, false).is_ok());
+    assert_eq!(share(&mut h, A, 2, 8, true).unwrap_err().kind(), "limit");
+    assert_eq!(made(&mut h), vec![(o, 1, 1024)]);
+    // Peers map it as the owner lets them: region 1 is read-only.
+    let map = |h: &mut Harness, s, owner, id| h.ask(s, ClientRequest::MapShared { owner, id });
+    assert_eq!(
+        map(&mut h, B, o, 0),
+        Ok(Reply::Shared {
+            owner: o,
+            id: 0,
+            len: 4096,
+            writable: true
+        })
+    );
+    assert!(matches!(
+        map(&mut h, B, o, 1),
+        Ok(Reply::Shared {
+            writable: false,
+            ..
+        })
+    ));
+    assert_eq!(map(&mut h, B, o, 7).unwrap_err().kind(), "not-found");
+    assert_eq!(map(&mut h, A, o, 0).unwrap_err().kind(), "bad-request");
+    // The rules deny the peer writes: the writable loan of region 0 is
+    // withdrawn (from everyone: a mapping cannot be taken out of a
+    // process), the read-only one of region 1 stands.
+    h.event(deny(peer, vec![ReqType::Write]));
+    assert_eq!(withdrawals(&mut h), vec![(o, 0)]);
+    assert_eq!(map(&mut h, B, o, 0).unwrap_err().kind(), "not-found");
+    // Reads denied: no mapping at all, and region 1 goes too.
+    h.event(deny(peer, vec![ReqType::Read]));
+    assert_eq!(withdrawals(&mut h), vec![(o, 1)]);
+    assert!(
+        share(&mut h, A, 1, 64, true).is_ok(),
+        "its ID is free again"
+    );
+    made(&mut h);
+    assert_eq!(map(&mut h, B, o, 1).unwrap_err().kind(), "denied");
+    h.check();
+}
+
+#[test]
+fn shared_memory_is_withdrawn_when_its_owner_or_a_borrower_ends_or_the_owner_unshares() {
+    let mut h = Harness::new(config());
+    let owner = h.attach(A, "owner");
+    h.attach(B, "peer");
+    h.attach(3, "other");
+    let o = owner.device();
+    for id in 0..3 {
+        assert!(h
+            .ask(
+                A,
+                ClientRequest::Share {
+                    id,
+                    len: 64,
+                    peers_write: true
+                }
+            )
+            .is_ok());
+    }
+    for (s, id) in [(B, 0), (3, 1)] {
+        assert!(h.ask(s, ClientRequest::MapShared { owner: o, id }).is_ok());
+    }
+    // Only the owner unshares, and only what it shares.
+    assert_eq!(
+        h.ask(B, ClientRequest::Unshare { id: 2 })
+            .unwrap_err()
+            .kind(),
+        "not-found"
+    );
+    assert_eq!(h.ask(A, ClientRequest::Unshare { id: 2 }), Ok(Reply::Done));
+    assert_eq!(withdrawals(&mut h), vec![(o, 2)]);
+    // A borrower ends: what it borrowed goes, the rest stands.
+    h.event(Event::ClientClosed { session: B });
+    assert_eq!(withdrawals(&mut h), vec![(o, 0)]);
+    // The owner ends: everything it shared goes.
+    h.event(Event::ClientClosed { session: A });
+    assert_eq!(withdrawals(&mut h), vec![(o, 1)]);
+    assert_eq!(
+        h.ask(3, ClientRequest::MapShared { owner: o, id: 1 })
+            .unwrap_err()
+            .kind(),
+        "not-found"
+    );
+    h.check();
+}

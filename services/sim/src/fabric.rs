@@ -868,7 +868,10 @@ impl Fabric {
             }
             // The simulated servers host no memory a process maps, and
             // no chained kernels.
-            Action::Unmap { .. } | Action::Chain { .. } => {}
+            Action::Unmap { .. }
+            | Action::MakeShared { .. }
+            | Action::Withdraw { .. }
+            | Action::Chain { .. } => {}
         }
     }
 

@@ -59,6 +59,16 @@ pub const LIMIT_FIELDS: &[LimitField] = &[
         bounds: Bounds::new(1, 65536),
         field: |l| &mut l.peers,
     },
+    LimitField {
+        name: "shared_per_resource",
+        bounds: Bounds::new(0, 4096),
+        field: |l| &mut l.shared_per_resource,
+    },
+    LimitField {
+        name: "shared_mib",
+        bounds: Bounds::new(0, 1 << 20),
+        field: |l| &mut l.shared_mib,
+    },
 ];
 
 /// The `[limits]` table as written: key → value, each with its place.

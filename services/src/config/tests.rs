@@ -409,6 +409,8 @@ fn every_field_of_limits_is_configurable() {
         connections_per_peer: _,
         listening_per_resource: _,
         peers: _,
+        shared_per_resource: _,
+        shared_mib: _,
     } = uniplane_control::Limits::default();
     let names: Vec<&str> = limits::LIMIT_FIELDS.iter().map(|f| f.name).collect();
     assert_eq!(
@@ -419,7 +421,9 @@ fn every_field_of_limits_is_configurable() {
             "pending_per_peer",
             "connections_per_peer",
             "listening_per_resource",
-            "peers"
+            "peers",
+            "shared_per_resource",
+            "shared_mib"
         ]
     );
     for name in names {

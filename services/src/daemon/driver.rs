@@ -25,6 +25,7 @@ use super::underlay;
 use super::{ClientOutcome, DaemonError, Input, Shared, UnderlayChange};
 use crate::config::{DeviceKind, MemoryBackend, UnderlayConfig};
 use crate::control::{conn_spec, PeerRequest};
+use crate::devices::region::HostRegion;
 use uniplane_overlay::PlaneReply;
 
 /// Watches kernel device `device` until it fails (then marks it down and
@@ -423,6 +424,8 @@ impl Driver {
                 self.setup[usize::from(remote)].record(setup);
             }
             Action::Unmap { session, device } => self.unmap(session, device),
+            Action::MakeShared { owner, id, len } => self.make_shared(owner, id, len),
+            Action::Withdraw { owner, id } => self.withdraw(owner, id),
             Action::Chain { device, conn, up } => {
                 let name = self
                     .core
@@ -461,6 +464,41 @@ impl Driver {
                 tracing::error!(device, "memory could not be taken back: {e}");
             }
         });
+    }
+
+    /// Makes the memory of shared region `id` of `owner` (its answer,
+    /// which follows, finds it here; without it the answer is an error).
+    fn make_shared(&mut self, owner: u16, id: u16, len: u64) {
+        let made = usize::try_from(len)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+            .and_then(|len| HostRegion::create(&format!("shared-{owner}-{id}"), len));
+        match made {
+            Ok(region) => {
+                if let Ok(mut regions) = self.shared.shared_regions.lock() {
+                    regions.insert((owner, id), region);
+                }
+            }
+            Err(e) => tracing::error!(owner, id, len, "shared memory not made: {e}"),
+        }
+    }
+
+    /// Withdraws shared region `id` of `owner`: its unclaimed mappings
+    /// go, every loan of it is revoked, and it is forgotten (its memfds
+    /// stay with their borrowers, connected to nothing).
+    fn withdraw(&mut self, owner: u16, id: u16) {
+        let region = self
+            .shared
+            .shared_regions
+            .lock()
+            .ok()
+            .and_then(|mut r| r.remove(&(owner, id)));
+        let Some(region) = region else {
+            return;
+        };
+        if let Ok(mut pending) = self.shared.pending_maps.lock() {
+            pending.retain(|_, p| !Arc::ptr_eq(&p.region, &region));
+        }
+        region.withdraw();
     }
 
     /// On the software engine, processes and devices get the short data
@@ -785,6 +823,29 @@ impl Driver {
                         .resources()
                         .find(|r| r.uid.device() == *device)
                         .and_then(|r| self.shared.host_region(&r.name).cloned());
+                    if let (Some(region), Ok(mut pending)) =
+                        (region, self.shared.pending_maps.lock())
+                    {
+                        let t = random_token();
+                        pending.insert(
+                            t,
+                            super::PendingMap {
+                                region,
+                                writable: *writable,
+                                session,
+                            },
+                        );
+                        token = Some(t);
+                    }
+                }
+                if let Ok(Reply::Shared {
+                    owner,
+                    id,
+                    writable,
+                    ..
+                }) = &result
+                {
+                    let region = self.shared.shared_region(*owner, *id);
                     if let (Some(region), Ok(mut pending)) =
                         (region, self.shared.pending_maps.lock())
                     {

@@ -237,6 +237,10 @@ struct Shared {
     /// Host memory devices' regions, which local processes may map, by
     /// name.
     host_regions: Vec<(String, Arc<crate::devices::region::HostRegion>)>,
+    /// Shared regions processes lend their local peers, by (owner
+    /// device, id); made and withdrawn by the driver on the core's word.
+    shared_regions:
+        Mutex<std::collections::HashMap<(u16, u16), Arc<crate::devices::region::HostRegion>>>,
     /// Mappings granted and waiting for their process, by token.
     pending_maps: Mutex<std::collections::HashMap<u64, PendingMap>>,
     /// Kernel devices' host ends, set up at the start, taken by their
@@ -252,6 +256,17 @@ struct Shared {
 
 impl Shared {
     /// The region of host memory device `name`, if it is one.
+    fn shared_region(
+        &self,
+        owner: u16,
+        id: u16,
+    ) -> Option<Arc<crate::devices::region::HostRegion>> {
+        self.shared_regions
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&(owner, id)).cloned())
+    }
+
     fn host_region(&self, name: &str) -> Option<&Arc<crate::devices::region::HostRegion>> {
         self.host_regions
             .iter()
@@ -433,6 +448,7 @@ impl Daemon {
             gpu_memories: Mutex::new(gpu_memories),
             host_regions,
             pending_maps: Mutex::new(std::collections::HashMap::new()),
+            shared_regions: Mutex::new(std::collections::HashMap::new()),
             gpu_stats,
             kernel_ports: Mutex::new(kernel_ports),
             kernels,

@@ -140,6 +140,32 @@ async fn ask(shared: &Shared, id: u64, req: ClientRequest) -> Result<(Reply, Opt
     }
 }
 
+/// The answer to a share or a shared mapping: how to claim it.
+fn shared_mapping(shared: &Shared, asked: Result<(Reply, Option<u64>), Answer>) -> Answer {
+    match asked {
+        Ok((
+            Reply::Shared {
+                owner,
+                len,
+                writable,
+                ..
+            },
+            Some(token),
+        )) => {
+            let mapping = Mapping {
+                device: owner,
+                len,
+                writable,
+                data_socket: shared.runtime.join(DATA_SOCKET).display().to_string(),
+                token,
+            };
+            Answer::ok(serde_json::to_value(mapping).unwrap_or_default())
+        }
+        Ok(_) => Answer::err("resources", "the shared memory could not be made"),
+        Err(a) => a,
+    }
+}
+
 async fn handle(shared: &Arc<Shared>, id: u64, names: &mut Names, req: CtlRequest) -> Answer {
     let gone = || Answer::err("engine", "the daemon is stopping");
     match req {
@@ -258,6 +284,39 @@ async fn handle(shared: &Arc<Shared>, id: u64, names: &mut Names, req: CtlReques
             Ok(_) => Answer::err("resources", "the mapping could not be set up"),
             Err(a) => a,
         },
+        CtlRequest::Share {
+            id: region,
+            len,
+            peers_write,
+        } => {
+            let req = ClientRequest::Share {
+                id: region,
+                len,
+                peers_write,
+            };
+            shared_mapping(shared, ask(shared, id, req).await)
+        }
+        CtlRequest::Unshare { id: region } => {
+            match ask(shared, id, ClientRequest::Unshare { id: region }).await {
+                Ok(_) => Answer::ok(json!({ "unshared": region })),
+                Err(a) => a,
+            }
+        }
+        CtlRequest::MapShared { owner, id: region } => {
+            if owner.server() != shared.server {
+                return Answer::err(
+                    "bad-request",
+                    format!(
+                        "{owner} is on another server: only this server's memory can be mapped"
+                    ),
+                );
+            }
+            let req = ClientRequest::MapShared {
+                owner: owner.device(),
+                id: region,
+            };
+            shared_mapping(shared, ask(shared, id, req).await)
+        }
         CtlRequest::Listen { port } => {
             match ask(shared, id, ClientRequest::Listen { port }).await {
                 Ok(_) => Answer::ok(json!({ "port": port })),

@@ -163,6 +163,23 @@ impl HostRegion {
         Ok(true)
     }
 
+    /// Revokes every grant lent on the region, and the engine's, without
+    /// moving it: for a region nobody is to reach through the daemon any
+    /// more (a process's shared memory, withdrawn). Borrowers keep their
+    /// mappings of bytes that are connected to nothing.
+    pub fn withdraw(&self) {
+        let mut cur = self.current();
+        for word in &cur.lent {
+            word.revoke();
+        }
+        cur.engine.revoke();
+        cur.lent.clear();
+        for w in cur.waiting.drain(..) {
+            w.wake();
+        }
+        tracing::info!(region = %self.name, "shared memory withdrawn from its borrowers");
+    }
+
     /// The engine's access to the region.
     pub fn view(self: &Arc<Self>) -> RegionView {
         let cur = self.current();

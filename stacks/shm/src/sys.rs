@@ -88,6 +88,14 @@ impl SharedMemory {
         Ok(SharedMemory { fd, ptr, len })
     }
 
+    /// The first byte of the mapping, for a caller that keeps its own
+    /// discipline over who touches which bytes when (the methods here
+    /// never hand out references to non-atomic bytes; whoever turns this
+    /// into one answers for it).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Bytes mapped.
     #[inline]
     pub fn len(&self) -> usize {

@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// Most sessions one shared region is lent to at once.
+pub const MAX_BORROWERS: usize = 63;
+
+/// A shared region as the core keeps it.
+#[derive(Debug)]
+pub(super) struct Share {
+    /// The owner's session.
+    session: SessionId,
+    len: u64,
+    peers_write: bool,
+    /// Sessions it is lent to → writable.
+    borrowers: BTreeMap<SessionId, bool>,
+}
+
 impl Control {
     pub(super) fn client(&mut self, session: SessionId, request: RequestId, req: ClientRequest) {
         let device = self.sessions.get(&session).copied();
@@ -94,6 +108,25 @@ impl Control {
             ClientRequest::Map { device: target } => {
                 attached().and_then(|d| self.map(session, d, target))
             }
+            ClientRequest::Share {
+                id,
+                len,
+                peers_write,
+            } => attached().and_then(|d| self.share(session, d, id, len, peers_write)),
+            ClientRequest::Unshare { id } => {
+                attached().and_then(|d| match self.shares.get(&(d, id)) {
+                    Some(s) if s.session == session => {
+                        self.shares.remove(&(d, id));
+                        tracing::info!(owner = d, id, "shared memory withdrawn by its owner");
+                        self.actions.push_back(Action::Withdraw { owner: d, id });
+                        Ok(Reply::Done)
+                    }
+                    _ => Err(ControlError::NotFound(format!("no shared region {id}"))),
+                })
+            }
+            ClientRequest::MapShared { owner, id } => {
+                attached().and_then(|d| self.map_shared(session, d, owner, id))
+            }
             ClientRequest::SetPolicy { device, policy } => match self.resources.get(&device) {
                 None => Err(ControlError::NotFound(format!("no device {device}"))),
                 Some(r) => {
@@ -145,6 +178,127 @@ impl Control {
         })
     }
 
+    /// Makes shared region `id` of resource `me` (bounded per resource
+    /// and in bytes overall) for `session`.
+    fn share(
+        &mut self,
+        session: SessionId,
+        me: u16,
+        id: u16,
+        len: u64,
+        peers_write: bool,
+    ) -> Result<Reply, ControlError> {
+        let limits = &self.config.limits;
+        if len == 0 {
+            return Err(ControlError::BadRequest(
+                "a shared region has at least one byte".into(),
+            ));
+        }
+        if self.shares.contains_key(&(me, id)) {
+            return Err(ControlError::BadRequest(format!(
+                "region {id} is shared already"
+            )));
+        }
+        if self.shares.keys().filter(|(o, _)| *o == me).count() >= limits.shared_per_resource {
+            return Err(ControlError::Limit("shared regions"));
+        }
+        let total: u64 = self.shares.values().map(|s| s.len).sum();
+        let cap = (limits.shared_mib as u64).saturating_mul(1 << 20);
+        if total.saturating_add(len) > cap {
+            return Err(ControlError::Limit("shared memory"));
+        }
+        self.shares.insert(
+            (me, id),
+            Share {
+                session,
+                len,
+                peers_write,
+                borrowers: BTreeMap::new(),
+            },
+        );
+        self.actions
+            .push_back(Action::MakeShared { owner: me, id, len });
+        tracing::info!(owner = me, id, len, peers_write, "shared memory made");
+        Ok(Reply::Shared {
+            owner: me,
+            id,
+            len,
+            writable: true,
+        })
+    }
+
+    /// Whether `session` (resource `me`) may map region `id` of `owner`,
+    /// and how: as the rules allow `me` READ (and WRTE, if the owner lets
+    /// peers write) on the owner.
+    fn map_shared(
+        &mut self,
+        session: SessionId,
+        me: u16,
+        owner: u16,
+        id: u16,
+    ) -> Result<Reply, ControlError> {
+        if owner == me {
+            return Err(ControlError::BadRequest(
+                "a resource has its own regions from sharing them".into(),
+            ));
+        }
+        let (src, dst) = (
+            Uid::new(self.config.server, me),
+            Uid::new(self.config.server, owner),
+        );
+        let (read, write) = self.may_map(src, dst);
+        let share = self
+            .shares
+            .get_mut(&(owner, id))
+            .ok_or_else(|| ControlError::NotFound(format!("{dst} shares no region {id}")))?;
+        if !read {
+            return Err(ControlError::Denied(format!(
+                "the access rules do not let {src} read {dst}: no mapping"
+            )));
+        }
+        if !share.borrowers.contains_key(&session) && share.borrowers.len() >= MAX_BORROWERS {
+            return Err(ControlError::Limit("mappings of a shared region"));
+        }
+        let writable = write && share.peers_write;
+        share.borrowers.insert(session, writable);
+        tracing::info!(%src, %dst, id, writable, "shared memory lent by mapping");
+        Ok(Reply::Shared {
+            owner,
+            id,
+            len: share.len,
+            writable,
+        })
+    }
+
+    /// Withdraws the shared regions `ended` owned or borrowed (all whose
+    /// borrowers the rules no longer allow, when `ended` is none): a loan
+    /// cannot be taken out of a process, so the region goes for everyone
+    /// and its owner keeps the bytes to itself.
+    fn revoke_shares(&mut self, ended: Option<SessionId>) {
+        let server = self.config.server;
+        let gone: Vec<(u16, u16)> = self
+            .shares
+            .iter()
+            .filter(|((owner, _), share)| match ended {
+                Some(s) => share.session == s || share.borrowers.contains_key(&s),
+                None => share.borrowers.iter().any(|(session, writable)| {
+                    let Some(me) = self.sessions.get(session).copied() else {
+                        return true;
+                    };
+                    let (read, write) =
+                        self.may_map(Uid::new(server, me), Uid::new(server, *owner));
+                    !read || (*writable && !write)
+                }),
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for (owner, id) in gone {
+            self.shares.remove(&(owner, id));
+            tracing::info!(owner, id, "shared memory withdrawn");
+            self.actions.push_back(Action::Withdraw { owner, id });
+        }
+    }
+
     /// What the rules let `src` do to `dst`'s memory: (read, write). A
     /// mapping cannot be write-only, so write needs read.
     pub(super) fn may_map(&self, src: Uid, dst: Uid) -> (bool, bool) {
@@ -155,6 +309,7 @@ impl Control {
     /// Takes back the grants the rules no longer allow (all of them when
     /// `ended` is the session that ended).
     pub(super) fn revoke_grants(&mut self, ended: Option<SessionId>) {
+        self.revoke_shares(ended);
         let server = self.config.server;
         let gone: Vec<(SessionId, u16)> = self
             .grants

@@ -350,6 +350,8 @@ pub struct Control {
     sessions: HashMap<SessionId, u16>,
     /// Mappings lent: (session, device) → writable.
     grants: BTreeMap<(SessionId, u16), bool>,
+    /// Shared regions lent by local resources: (owner device, id).
+    shares: BTreeMap<(u16, u16), clients::Share>,
     connections: HashMap<ConnKey, Connection>,
     pending: HashMap<ConnKey, Pending>,
     peers: BTreeMap<Ipv4Addr, Peer>,
@@ -385,6 +387,7 @@ impl Control {
             resources: BTreeMap::new(),
             sessions: HashMap::new(),
             grants: BTreeMap::new(),
+            shares: BTreeMap::new(),
             connections: HashMap::new(),
             pending: HashMap::new(),
             peers,
