@@ -619,6 +619,16 @@ mod tests {
             },
             Request::Directory,
             Request::Map { device: 2 },
+            Request::Share {
+                id: 1,
+                len: 4096,
+                peers_write: true,
+            },
+            Request::Unshare { id: 1 },
+            Request::MapShared {
+                owner: "10.0.0.1:5".parse().unwrap(),
+                id: 1,
+            },
         ];
         for r in &all {
             match r {
@@ -640,7 +650,10 @@ mod tests {
                 | Request::Register { .. }
                 | Request::Resolve { .. }
                 | Request::Directory
-                | Request::Map { .. } => {}
+                | Request::Map { .. }
+                | Request::Share { .. }
+                | Request::Unshare { .. }
+                | Request::MapShared { .. } => {}
             }
         }
         all
