@@ -11,12 +11,14 @@ use futures_util::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, watch, Mutex as AsyncMutex, Semaphore};
 use tokio::task::AbortHandle;
-use uniplane_client::{Connection, Listener, Session};
+use uniplane_client::{Connection, Listener, Session, SharedAccess, SharedRegion};
 use uniplane_dataplane::{Endpoint as PortAddr, LinkError, Message, Uid};
 
 use crate::segment::{SegmentMemory, Width};
 use crate::target::{Inbound, Reply, TargetCounters, MAX_GET};
-use crate::wire::{self, charge, Head, Kind, Shape, FLAG_ASYNC, HEADER_LEN, MAX_FRAME};
+use crate::wire::{
+    self, charge, Head, Kind, Shape, FLAG_ASYNC, FLAG_LANDED, HEADER_LEN, MAX_FRAME,
+};
 use crate::{
     Acl, AtomicOp, Group, Handler, HandlerId, PgasError, Progress, Refusal, Segment, SegmentId,
     SoftTarget, Target, TargetStats, FIRST_USER_HANDLER, HANDLER_COUNTER, HANDLER_NONE,
@@ -45,6 +47,15 @@ pub struct Options {
     pub get_window: usize,
     /// How long [`Endpoint::join`] may take.
     pub join_timeout: Duration,
+    /// Put the segments registered before [`Endpoint::join`] (those whose
+    /// ACL is [`Acl::ReadWrite`] or [`Acl::ReadOnly`]) in shared memory
+    /// the daemon lends this server's other ranks, so that their
+    /// contiguous long messages and gets copy the bytes themselves, as
+    /// OpenSHMEM's symmetric heap lets processes: a long message is then
+    /// one copy and a header-only frame for its handler and reply, a get
+    /// one copy and no message. Other ranks, other shapes, and segments
+    /// registered later use messages.
+    pub share: bool,
 }
 
 impl Default for Options {
@@ -55,6 +66,7 @@ impl Default for Options {
             max_medium: 4 << 20,
             get_window: 4,
             join_timeout: Duration::from_secs(10),
+            share: true,
         }
     }
 }
@@ -157,6 +169,10 @@ struct Peer {
     credit: Semaphore,
     /// Sent to since the last quiet.
     dirty: AtomicBool,
+    /// Sent a request other than a direct long's header since its credit
+    /// was last seen whole: a direct write could overtake it. Read and
+    /// set under `data`.
+    mixed: AtomicBool,
 }
 
 /// The group as joined.
@@ -203,7 +219,41 @@ struct Inner {
     /// Rank 0: arrivals per epoch.
     arrivals: Mutex<FxHashMap<u64, usize>>,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Other ranks' segments mapped here, by (rank, segment); a miss is
+    /// asked again after [`DIRECT_RETRY`].
+    direct: AsyncMutex<FxHashMap<(usize, SegmentId), Direct>>,
+    /// Long messages and gets that went directly (see [`DirectStats`]).
+    direct_puts: AtomicU64,
+    direct_gets: AtomicU64,
+    direct_bytes: AtomicU64,
 }
+
+/// What this endpoint moved itself through other ranks' shared segments
+/// ([`Options::share`]), rather than by message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirectStats {
+    /// Long messages written into a shared segment.
+    pub puts: u64,
+    /// Gets read out of one.
+    pub gets: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// A peer's segment as this endpoint reaches it.
+#[derive(Clone)]
+enum Direct {
+    Mapped(Arc<SharedRegion>),
+    /// Not shared with this endpoint (or no longer), as of then.
+    Missing(tokio::time::Instant),
+}
+
+/// How long a segment found not shared is left to messages before it is
+/// asked for again.
+const DIRECT_RETRY: Duration = Duration::from_millis(200);
+
+/// Most peer segments one endpoint keeps mapped or remembers missing.
+const MAX_DIRECT: usize = 4096;
 
 /// A PGAS endpoint: a session listening for its group, its segments and
 /// handlers, and the operations on other members. See the crate
@@ -261,6 +311,10 @@ impl Endpoint {
             released: AtomicU64::new(0),
             arrivals: Mutex::default(),
             tasks: Mutex::default(),
+            direct: AsyncMutex::default(),
+            direct_puts: AtomicU64::new(0),
+            direct_gets: AtomicU64::new(0),
+            direct_bytes: AtomicU64::new(0),
             options,
         });
         let accept = tokio::spawn(accept_loop(inner.clone(), listener));
@@ -321,6 +375,9 @@ impl Endpoint {
             ));
         }
         let deadline = tokio::time::Instant::now() + self.inner.options.join_timeout;
+        if self.inner.options.share {
+            self.inner.share_segments().await;
+        }
         if group.len() > wire::MAX_MEMBERS && group.software_ranks().count() < group.len() {
             return Err(PgasError::Invalid(format!(
                 "a group with hardware ranks has at most {} members",
@@ -368,6 +425,7 @@ impl Endpoint {
                 control,
                 credit: Semaphore::new(self.inner.options.credit_bytes as usize),
                 dirty: AtomicBool::new(false),
+                mixed: AtomicBool::new(false),
             });
         }
         self.inner
@@ -523,6 +581,21 @@ impl Endpoint {
         completion: Completion,
     ) -> Result<(), PgasError> {
         let (head, desc) = long_head(segment, &shape, payload.len() as u64, call, completion)?;
+        // Direct only with a handler every target has: one it may lack
+        // must refuse the message before a byte lands.
+        let builtin = call.handler == HANDLER_NONE || call.handler == HANDLER_COUNTER;
+        if let (Shape::Contiguous { offset }, true) = (&shape, builtin) {
+            let offset = *offset;
+            if let Some(region) = self.inner.direct(dst, segment).await {
+                if self
+                    .inner
+                    .send_landed(dst, &region, head, &desc, offset, payload)
+                    .await?
+                {
+                    return Ok(());
+                }
+            }
+        }
         self.inner
             .send(dst, head, &desc, payload, false)
             .await
@@ -604,6 +677,27 @@ impl Endpoint {
         Ok(answer.data)
     }
 
+    /// A get-long into `out`: `out.len()` bytes at `offset` of segment
+    /// `segment` of `dst`, as OpenSHMEM's `getmem` fills the caller's
+    /// buffer — from a rank of this server's shared segment, one copy
+    /// and no allocation.
+    pub async fn get_into(
+        &self,
+        dst: usize,
+        segment: SegmentId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), PgasError> {
+        if let Some(region) = self.inner.direct(dst, segment).await {
+            if self.inner.get_direct(dst, &region, offset, out).await? {
+                return Ok(());
+            }
+        }
+        let data = self.get(dst, segment, offset, out.len()).await?;
+        out.copy_from_slice(&data);
+        Ok(())
+    }
+
     /// A get-long: `len` bytes at `offset` of segment `segment` of `dst`,
     /// fetched in frames, [`Options::get_window`] of them in flight.
     pub async fn get(
@@ -613,6 +707,16 @@ impl Endpoint {
         offset: u64,
         len: usize,
     ) -> Result<Bytes, PgasError> {
+        if let Some(region) = self.inner.direct(dst, segment).await {
+            let mut out = BytesMut::zeroed(len);
+            if self
+                .inner
+                .get_direct(dst, &region, offset, &mut out)
+                .await?
+            {
+                return Ok(out.freeze());
+            }
+        }
         let chunks = len.div_ceil(MAX_GET);
         let parts = futures_util::stream::iter((0..chunks).map(|i| {
             let at = offset.saturating_add((i * MAX_GET) as u64);
@@ -746,6 +850,23 @@ impl Endpoint {
         let quiet = self.quiet().await;
         let net = self.inner.net()?;
         let session = &self.inner.session;
+        // Its shared segments are withdrawn first: no rank reaches them
+        // directly once it has left.
+        let shared: Vec<SegmentId> = self
+            .inner
+            .target
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, m)| m.is_shared())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in shared {
+            if let Err(e) = session.unshare(id).await {
+                tracing::warn!(segment = id, "shared segment not withdrawn: {e}");
+            }
+        }
         let closes = net.peers.iter().map(|peer| async move {
             // A hardware rank's connection has nothing in flight after
             // quiet (its replies came back on it): it is dropped.
@@ -788,6 +909,16 @@ impl Endpoint {
         let released = &self.inner.released;
         wait_for(p, || released.load(Ordering::Acquire) >= epoch).await;
         Ok(())
+    }
+
+    /// What this endpoint moved through other ranks' shared segments.
+    pub fn direct_stats(&self) -> DirectStats {
+        let i = &self.inner;
+        DirectStats {
+            puts: i.direct_puts.load(Ordering::Relaxed),
+            gets: i.direct_gets.load(Ordering::Relaxed),
+            bytes: i.direct_bytes.load(Ordering::Relaxed),
+        }
     }
 
     /// What this endpoint's target side counted.
@@ -1085,12 +1216,36 @@ impl Inner {
         peer: &Peer,
         head: Head,
         desc: &[u8],
-        mut payload: Source<'_>,
+        payload: Source<'_>,
     ) -> Result<(), PgasError> {
         let mut conn = peer.data.lock().await;
-        // A quiet's own flush leaves nothing for the next quiet to wait for.
-        if head.kind() != Some(Kind::Flush) {
+        self.send_locked(dst, peer, &mut conn, head, desc, payload)
+            .await
+    }
+
+    /// [`Inner::send_frames`] with the data connection held.
+    async fn send_locked(
+        &self,
+        dst: usize,
+        peer: &Peer,
+        conn: &mut DataConn,
+        head: Head,
+        desc: &[u8],
+        mut payload: Source<'_>,
+    ) -> Result<(), PgasError> {
+        // A quiet's own flush leaves nothing for the next quiet to wait
+        // for, and neither does a direct long with no handler and no
+        // reply: its bytes are in place already, and the target cannot
+        // refuse it (the mapping is the segment, writable; the handler is
+        // none) — the frame only counts them in the target's `wait_mem`.
+        let landed_quietly = head.flags & FLAG_LANDED != 0
+            && head.flags & FLAG_ASYNC != 0
+            && head.handler == HANDLER_NONE;
+        if head.kind() != Some(Kind::Flush) && !landed_quietly {
             peer.dirty.store(true, Ordering::Release);
+        }
+        if head.flags & FLAG_LANDED == 0 && head.kind() != Some(Kind::Flush) {
+            peer.mixed.store(true, Ordering::Relaxed);
         }
         let mut first = true;
         loop {
@@ -1129,6 +1284,158 @@ impl Inner {
                 return payload.check_end();
             }
         }
+    }
+
+    /// Puts every segment registered so far whose ACL lets every rank in
+    /// in shared memory (see [`Options::share`]); one the daemon does not
+    /// share (its limits, its rules) stays private, as it was.
+    async fn share_segments(&self) {
+        let segments: Vec<(SegmentId, Arc<SegmentMemory>)> = self
+            .target
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, m)| (*id, m.clone()))
+            .collect();
+        for (id, memory) in segments {
+            let peers_write = match memory.acl {
+                Acl::ReadWrite => true,
+                Acl::ReadOnly => false,
+                Acl::Ranks(_) => continue,
+            };
+            if memory.len() == 0 || memory.is_shared() {
+                continue;
+            }
+            match self.session.share(id, memory.len(), peers_write).await {
+                Ok(region) => {
+                    memory.adopt(region);
+                }
+                Err(e) => tracing::debug!(segment = id, "segment not shared: {e}"),
+            }
+        }
+    }
+
+    /// Segment `segment` of rank `dst` mapped here, when `dst` is another
+    /// software rank of this server that shares it.
+    async fn direct(&self, dst: usize, segment: SegmentId) -> Option<Arc<SharedRegion>> {
+        let net = self.net.get()?;
+        if !self.options.share || dst == net.rank || net.group.is_hardware(dst) {
+            return None;
+        }
+        let uid = net.group.uid(dst)?;
+        if uid.server() != self.session.uid().server() {
+            return None;
+        }
+        let mut cache = self.direct.lock().await;
+        let now = tokio::time::Instant::now();
+        match cache.get(&(dst, segment)) {
+            Some(Direct::Mapped(r)) if !r.is_withdrawn() => return Some(r.clone()),
+            Some(Direct::Missing(at)) if now < *at + DIRECT_RETRY => return None,
+            _ => {}
+        }
+        let entry = match self.session.map_shared(uid, segment).await {
+            Ok(r) => Direct::Mapped(Arc::new(r)),
+            Err(_) => Direct::Missing(now),
+        };
+        if cache.len() >= MAX_DIRECT && !cache.contains_key(&(dst, segment)) {
+            return None;
+        }
+        cache.insert((dst, segment), entry.clone());
+        match entry {
+            Direct::Mapped(r) => Some(r),
+            Direct::Missing(_) => None,
+        }
+    }
+
+    /// Whether `dst`'s earlier requests are all done or were direct longs
+    /// (whose bytes are in place): a direct access now cannot overtake a
+    /// write still travelling. Call with `dst`'s data connection held.
+    fn settled(&self, peer: &Peer) -> bool {
+        if peer.credit.available_permits() >= self.options.credit_bytes as usize {
+            peer.mixed.store(false, Ordering::Relaxed);
+        }
+        !peer.mixed.load(Ordering::Relaxed)
+    }
+
+    /// A contiguous long message to a rank of this server written into its
+    /// shared segment here, then its header alone for the handler, the
+    /// counters and the reply; false (nothing sent) when it must go as
+    /// frames: out of the mapping's bounds or read-only (the target then
+    /// refuses and counts it), withdrawn, or behind a request in flight.
+    async fn send_landed(
+        &self,
+        dst: usize,
+        region: &SharedRegion,
+        mut head: Head,
+        desc: &[u8],
+        offset: u64,
+        payload: &[u8],
+    ) -> Result<bool, PgasError> {
+        let net = self.net()?;
+        let peer = net.peers.get(dst).ok_or(PgasError::NoRank(dst))?;
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(false);
+        };
+        let mut conn = peer.data.lock().await;
+        if matches!(*conn, DataConn::Closed) {
+            return Err(PgasError::Closed(dst));
+        }
+        if !self.settled(peer) {
+            return Ok(false);
+        }
+        match region.write(start, payload) {
+            SharedAccess::Done => {}
+            SharedAccess::OutOfRange => return Ok(false),
+            SharedAccess::Revoked => {
+                // May or may not have landed: the frames carry it again.
+                return Ok(false);
+            }
+        }
+        head.flags |= FLAG_LANDED;
+        head.token = self.next_token.fetch_add(1, Ordering::Relaxed).max(1);
+        self.send_locked(dst, peer, &mut conn, head, desc, Source::Slice(&[]))
+            .await?;
+        self.direct_puts.fetch_add(1, Ordering::Relaxed);
+        self.direct_bytes
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// A get from a rank of this server's shared segment, copied into
+    /// `out`; false when it must go as messages (as for
+    /// [`Inner::send_landed`]).
+    async fn get_direct(
+        &self,
+        dst: usize,
+        region: &SharedRegion,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<bool, PgasError> {
+        let len = out.len();
+        let net = self.net()?;
+        let peer = net.peers.get(dst).ok_or(PgasError::NoRank(dst))?;
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(false);
+        };
+        if start.checked_add(len).is_none_or(|end| end > region.len()) {
+            return Ok(false);
+        }
+        let conn = peer.data.lock().await;
+        if matches!(*conn, DataConn::Closed) {
+            return Err(PgasError::Closed(dst));
+        }
+        if !self.settled(peer) {
+            return Ok(false);
+        }
+        Ok(match region.read(start, out) {
+            SharedAccess::Done => {
+                self.direct_gets.fetch_add(1, Ordering::Relaxed);
+                self.direct_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                true
+            }
+            SharedAccess::OutOfRange | SharedAccess::Revoked => false,
+        })
     }
 
     /// Sends a request and waits for its reply; a refusal is an error.

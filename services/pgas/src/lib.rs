@@ -75,7 +75,7 @@ pub mod target;
 /// The frames endpoints exchange (`uniplane-pgas-core`).
 pub use uniplane_pgas_core::wire;
 
-pub use endpoint::{Call, Completion, Endpoint, Options, DEFAULT_PORT};
+pub use endpoint::{Call, Completion, DirectStats, Endpoint, Options, DEFAULT_PORT};
 pub use error::PgasError;
 pub use group::{Group, PlacedEndpoint, Placement};
 pub use segment::{Access, Acl, AtomicOp, Segment, SegmentId, Width};

@@ -3,31 +3,128 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use uniplane_client::SharedRegion;
+
 pub use uniplane_pgas_core::access::{atomic_at, Access, Acl, AtomicOp, SegmentId, Width};
 
 use crate::Refusal;
+
+/// Where a segment's bytes are.
+enum Backing {
+    /// In this process only: peers reach them by message.
+    Private(Vec<u8>),
+    /// In shared memory the daemon made and lends this server's other
+    /// ranks: they write and read it themselves.
+    Shared(SharedRegion),
+}
 
 /// A segment's bytes and rules, shared by its owner's handle and the
 /// endpoint's target side.
 pub(crate) struct SegmentMemory {
     pub(crate) acl: Acl,
-    bytes: Mutex<Vec<u8>>,
+    len: usize,
+    bytes: Mutex<Backing>,
+}
+
+/// The bytes of a segment, locked: peers' messages and local access wait.
+/// Other ranks' direct puts into shared bytes do not: those and local
+/// access to the same bytes race, as puts do in OpenSHMEM, unless the
+/// program orders them (quiet, barrier, a counter it waits for).
+pub(crate) struct Bytes<'a>(MutexGuard<'a, Backing>);
+
+impl std::ops::Deref for Bytes<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &*self.0 {
+            Backing::Private(v) => v,
+            Backing::Shared(r) => {
+                let m = r.memory().expect("an owner's mapping is writable");
+                // SAFETY: the mapping is `m.len()` bytes and lives as long
+                // as the region, which the guard keeps; this process
+                // touches it only under the lock (see `Bytes`).
+                unsafe { std::slice::from_raw_parts(m.as_mut_ptr(), m.len()) }
+            }
+        }
+    }
+}
+
+impl std::ops::DerefMut for Bytes<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut *self.0 {
+            Backing::Private(v) => v,
+            Backing::Shared(r) => {
+                let m = r.memory().expect("an owner's mapping is writable");
+                // SAFETY: as in `deref`, and the lock makes this the only
+                // reference this process holds.
+                unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr(), m.len()) }
+            }
+        }
+    }
 }
 
 impl SegmentMemory {
     pub(crate) fn new(len: usize, acl: Acl) -> SegmentMemory {
         SegmentMemory {
             acl,
-            bytes: Mutex::new(vec![0; len]),
+            len,
+            bytes: Mutex::new(Backing::Private(vec![0; len])),
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
-        self.bytes.lock().unwrap_or_else(|e| e.into_inner())
+    /// Its bytes, locked. A shared segment the daemon has withdrawn comes
+    /// back to this process first: its bytes are copied out of the
+    /// mapping, which stays this process's memory, so nothing a peer put
+    /// before the withdrawal is lost (a put that overlapped it learns so
+    /// and is sent again as a message).
+    pub(crate) fn lock(&self) -> Bytes<'_> {
+        let mut g = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Backing::Shared(r) = &*g {
+            if r.is_withdrawn() {
+                let mut own = vec![0; self.len];
+                if let Some(m) = r.memory() {
+                    m.read(0, &mut own);
+                }
+                tracing::info!(
+                    id = r.id(),
+                    "shared segment withdrawn: its bytes are private again"
+                );
+                *g = Backing::Private(own);
+            }
+        }
+        Bytes(g)
+    }
+
+    /// Moves the bytes into `region` (writable, as long as the segment),
+    /// where this server's other ranks reach them.
+    pub(crate) fn adopt(&self, region: SharedRegion) -> bool {
+        let Some(m) = region.memory() else {
+            return false;
+        };
+        if m.len() != self.len {
+            return false;
+        }
+        let mut g = self.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Backing::Private(v) = &*g {
+            m.write(0, v);
+            *g = Backing::Shared(region);
+            return true;
+        }
+        false
+    }
+
+    /// Whether its bytes are in shared memory now.
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(&*self.lock().0, Backing::Shared(_))
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// Runs `op` on the word at `offset` under the segment's lock: what
-    /// makes atomics linearizable against each other and local access.
+    /// makes atomics linearizable against each other and local access
+    /// (every atomic on a segment runs here, in its owner's process).
     pub(crate) fn atomic(&self, offset: u64, width: Width, op: AtomicOp) -> Result<u64, Refusal> {
         atomic_at(&mut self.lock(), offset, width, op)
     }
@@ -50,7 +147,13 @@ impl Segment {
 
     /// Its size in bytes.
     pub fn len(&self) -> usize {
-        self.memory.lock().len()
+        self.memory.len()
+    }
+
+    /// Whether its bytes are in shared memory now, where this server's
+    /// other ranks put and get them directly ([`crate::Options::share`]).
+    pub fn is_shared(&self) -> bool {
+        self.memory.is_shared()
     }
 
     /// Whether it has no bytes.
@@ -80,7 +183,7 @@ impl Segment {
 
     /// A copy of the whole segment.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.memory.lock().clone()
+        self.memory.lock().to_vec()
     }
 
     /// Runs `f` on the segment's bytes; peers' accesses wait meanwhile.

@@ -111,6 +111,13 @@ impl Target for SoftTarget {
         self.progress.notify.notify_waiters();
     }
 
+    fn shares(&self, segment: SegmentId) -> bool {
+        // A sender writes directly only under a live grant, so the bytes
+        // it announces are in the segment even when it has since been
+        // withdrawn.
+        self.segment(segment).is_ok()
+    }
+
     fn invoke(&self, id: HandlerId, call: AmCall<'_>) -> Result<Bytes, Refusal> {
         match id {
             HANDLER_NONE => Ok(Bytes::new()),

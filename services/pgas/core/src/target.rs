@@ -139,6 +139,13 @@ pub trait Target: Send {
     fn landed(&self, bytes: u64) {
         let _ = bytes;
     }
+    /// Whether segment `segment` may be written by its senders
+    /// themselves ([`wire::FLAG_LANDED`]): shared memory a hardware target
+    /// does not have. None by default.
+    fn shares(&self, segment: SegmentId) -> bool {
+        let _ = segment;
+        false
+    }
 }
 
 /// What a target counted: frames taken and requests refused, by reason.
@@ -380,6 +387,22 @@ impl Inbound {
                 }
                 let end = shape.end(total).ok_or(Refusal::Malformed)?;
                 target.check(self.source, head.segment, Access::Write, end)?;
+                if head.flags & wire::FLAG_LANDED != 0 {
+                    // Written by the sender into shared bytes: nothing
+                    // comes in frames, the rest is as for any long.
+                    if kind != Kind::Long || !payload.is_empty() || !target.shares(head.segment) {
+                        return Err(Refusal::Malformed);
+                    }
+                    let state = Partial::Landing {
+                        head,
+                        shape,
+                        total,
+                        remaining: 0,
+                        piece: 0,
+                        within: 0,
+                    };
+                    return self.finish_or_keep(target, state, out);
+                }
                 let mut state = Partial::Landing {
                     head,
                     shape,

@@ -161,6 +161,12 @@ impl Kind {
 /// Header flag: no reply unless the request is refused.
 pub const FLAG_ASYNC: u8 = 1;
 
+/// Header flag of a contiguous long message whose `len` bytes the sender
+/// has written itself into the target's segment, shared with it on one
+/// server: the frame carries no payload, and the target counts the
+/// bytes, runs the handler and replies as if they had come in frames.
+pub const FLAG_LANDED: u8 = 2;
+
 /// Why a decoder refused bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
