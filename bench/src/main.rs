@@ -332,6 +332,10 @@ struct PgasArgs {
     /// Skip the OpenSHMEM side.
     #[arg(long)]
     no_openshmem: bool,
+    /// Keep the segments private: ranks of one server reach each other's
+    /// by message only (the path before shared segments).
+    #[arg(long)]
+    no_share: bool,
     /// The uniplaned binary (default: the one next to this program).
     #[arg(long)]
     uniplaned: Option<PathBuf>,
@@ -2304,6 +2308,7 @@ fn pgas(cli: &Cli, a: &PgasArgs) -> Result<(), BenchError> {
         },
         uniplaned: a.uniplaned.clone(),
         openshmem: !a.no_openshmem,
+        share: !a.no_share,
         target: if a.target == "hardware" {
             PgasTarget::Hardware
         } else {

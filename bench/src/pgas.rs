@@ -52,7 +52,9 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use uniplane_client::{Client, DataPathOptions, Wait};
 use uniplane_dataplane::Uid;
-use uniplane_pgas::{Acl, AtomicOp, Call, Completion, Endpoint, Group, Options, Width};
+use uniplane_pgas::{
+    Acl, AtomicOp, Call, Completion, DirectStats, Endpoint, Group, Options, Width,
+};
 
 use crate::hist::LatencyHistogram;
 use crate::path::{runtime, scratch_dir, sibling_binary, DaemonProcess, PlaneKind, WaitMode};
@@ -167,6 +169,9 @@ pub struct PgasConfig {
     pub uniplaned: Option<PathBuf>,
     /// Run the OpenSHMEM side.
     pub openshmem: bool,
+    /// Share the segments between ranks of one server
+    /// (`uniplane_pgas::Options::share`).
+    pub share: bool,
     /// What rank 1 is.
     pub target: PgasTarget,
     /// `None`: both ranks on one daemon, over shared memory; else rank 1
@@ -228,12 +233,14 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
     } else {
         String::new()
     };
+    // Before any daemon runs: nothing else on the machine then.
+    let memcpy: Vec<f64> = sizes.iter().map(|&s| memcpy_us(s, max)).collect();
     let daemons = match cfg.tunnel {
         None if hardware => Daemons::One(hardware_daemon(&binary, cfg.wait, &kernel)?),
         None => Daemons::One(DaemonProcess::start(&binary, PlaneKind::Engine, cfg.wait)?),
         Some(stack) => Daemons::Pair(DaemonPair::start_with(&binary, stack, &kernel)?),
     };
-    let (uniplane, rtt) = measure_uniplane(cfg, daemons.places(), &sizes, max)?;
+    let (uniplane, rtt, direct) = measure_uniplane(cfg, daemons.places(), &sizes, max)?;
     // The daemons stop before the OpenSHMEM side runs.
     drop(daemons);
     let shmem = if cfg.openshmem {
@@ -255,6 +262,9 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
                 "size": size,
                 "uniplane_us": uniplane[i],
                 "openshmem_us": shmem.as_ref().and_then(|s| s.get(i).copied()),
+                "memcpy_us": memcpy[i],
+                // The bandwidth of ours as a share of one memcpy's.
+                "vs_memcpy": memcpy[i] / uniplane[i].max(1e-9),
             })
         })
         .collect();
@@ -270,6 +280,13 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
         "stack": stack,
         "openshmem_transport": openshmem_transport,
         "points": points,
+        // What the ranks moved themselves through each other's shared
+        // segments.
+        "direct": {
+            "puts": direct.puts,
+            "gets": direct.gets,
+            "bytes": direct.bytes,
+        },
     });
     if cfg.op == PgasOp::Short {
         out["rtt_ns"] = json!({
@@ -279,6 +296,26 @@ pub fn run_pgas(cfg: &PgasConfig) -> Result<Value, BenchError> {
         });
     }
     Ok(out)
+}
+
+/// Median µs of one `memcpy` of `size` bytes between two buffers of
+/// `max` (touched first), over as many rounds as the sides measure: the
+/// yardstick of a long message on one server.
+fn memcpy_us(size: usize, max: usize) -> f64 {
+    let src = vec![0xa5u8; max];
+    // Written once, so no round pays for the pages' first touch.
+    let mut dst = vec![1u8; max];
+    let mut times: Vec<f64> = (0..WARMUP + rounds(size))
+        .map(|_| {
+            let t0 = Instant::now();
+            dst[..size].copy_from_slice(std::hint::black_box(&src[..size]));
+            std::hint::black_box(&mut dst);
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .skip(WARMUP)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// The `pgas-target` kernel of a hardware rank 1: device
@@ -317,7 +354,13 @@ fn hardware_daemon(
     DaemonProcess::spawn(binary, dir, &text, &[])
 }
 
-async fn endpoint(dir: &Path, name: &str, wait: WaitMode, max: usize) -> Result<Endpoint, String> {
+async fn endpoint(
+    dir: &Path,
+    name: &str,
+    wait: WaitMode,
+    max: usize,
+    share: bool,
+) -> Result<Endpoint, String> {
     let wait = match wait {
         WaitMode::Busy => Wait::Busy,
         // Spinning needs a core per poller: the two ranks and the
@@ -336,6 +379,7 @@ async fn endpoint(dir: &Path, name: &str, wait: WaitMode, max: usize) -> Result<
     let options = Options {
         credit_bytes: CREDIT_BYTES,
         get_window: 8,
+        share,
         ..Options::default()
     };
     let ep = Endpoint::bind(session, options)
@@ -351,12 +395,13 @@ fn measure_uniplane(
     (dir, dir1, kernel): (&Path, &Path, Uid),
     sizes: &[usize],
     max: usize,
-) -> Result<(Vec<f64>, LatencyHistogram), BenchError> {
+) -> Result<(Vec<f64>, LatencyHistogram, DirectStats), BenchError> {
     let (uid_tx, uid_rx) = std_mpsc::channel();
     let (group_tx, group_rx) = std_mpsc::channel::<Group>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let op = cfg.op;
     let wait = cfg.wait;
+    let share = cfg.share;
     let dir1 = dir1.to_owned();
     let sizes1 = sizes.to_vec();
     let hardware = cfg.target == PgasTarget::Hardware;
@@ -365,10 +410,10 @@ fn measure_uniplane(
         uid_tx.send(kernel).map_err(err)?;
     }
     let responder = (!hardware).then(|| {
-        std::thread::spawn(move || -> Result<(), String> {
+        std::thread::spawn(move || -> Result<DirectStats, String> {
             let rt = runtime().map_err(|e| e.to_string())?;
             rt.block_on(async move {
-                let ep = endpoint(&dir1, "pgas-rank1", wait, max).await?;
+                let ep = endpoint(&dir1, "pgas-rank1", wait, max, share).await?;
                 // The first window of a session starts at address 0.
                 let _window = ep.session().register_window(max);
                 uid_tx.send(ep.uid()).map_err(|e| e.to_string())?;
@@ -391,14 +436,16 @@ fn measure_uniplane(
                     }
                 }
                 let _ = stop_rx.await;
-                Ok(())
+                Ok(ep.direct_stats())
             })
         })
     });
     let rt = runtime()?;
     let result =
         rt.block_on(async {
-            let ep = endpoint(dir, "pgas-rank0", wait, max).await.map_err(err)?;
+            let ep = endpoint(dir, "pgas-rank0", wait, max, share)
+                .await
+                .map_err(err)?;
             let other =
                 tokio::task::spawn_blocking(move || uid_rx.recv_timeout(Duration::from_secs(20)))
                     .await
@@ -412,6 +459,8 @@ fn measure_uniplane(
             }
             ep.join(group).await.map_err(err)?;
             let data = vec![0xa5; max];
+            // Where gets land, as OpenSHMEM's `getmem` fills a buffer.
+            let mut sink = vec![0u8; max];
             let mut medians = Vec::new();
             let mut hist = LatencyHistogram::new();
             let mut seq = 0u64;
@@ -437,7 +486,7 @@ fn measure_uniplane(
                             ep.wait_counter_from(1, seq).await;
                         }
                         PgasOp::Get => {
-                            ep.get(1, 0, 0, size).await.map_err(err)?;
+                            ep.get_into(1, 0, 0, &mut sink[..size]).await.map_err(err)?;
                         }
                         PgasOp::Atomic => {
                             ep.atomic(1, 0, 0, Width::W64, AtomicOp::FetchAdd(1))
@@ -475,16 +524,19 @@ fn measure_uniplane(
                 medians.push(times[times.len() / 2] as f64 / 1000.0);
             }
             ep.quiet().await.map_err(err)?;
-            Ok::<_, BenchError>((medians, hist))
+            Ok::<_, BenchError>((medians, hist, ep.direct_stats()))
         });
     let _ = stop_tx.send(());
     let joined = match responder {
         Some(r) => r.join().map_err(|_| err("rank 1 panicked"))?,
-        None => Ok(()),
+        None => Ok(DirectStats::default()),
     };
-    let out = result?;
-    joined.map_err(err)?;
-    Ok(out)
+    let (medians, hist, mut direct) = result?;
+    let theirs = joined.map_err(err)?;
+    direct.puts += theirs.puts;
+    direct.gets += theirs.gets;
+    direct.bytes += theirs.bytes;
+    Ok((medians, hist, direct))
 }
 
 /// The OpenSHMEM program: `prog OP SIZE…` prints `size median_us` lines
