@@ -5,12 +5,28 @@
 
 use std::path::PathBuf;
 
-use uniplane_services::client::{embedded, Client, SharedAccess};
+use uniplane_services::client::{embedded, Client, Session, SharedAccess};
 use uniplane_services::config::Config;
+use uniplane_services::Daemon;
 
 fn config_with(rules: &str) -> Config {
     let text = format!("[server]\nid = \"127.0.0.1\"\npeer_listen = \"127.0.0.1:0\"\n{rules}");
     Config::parse(&text, "test").unwrap()
+}
+
+/// A daemon in this process with `rules`, and two processes attached
+/// to it: the owner and a peer.
+async fn owner_and_peer(name: &str, rules: &str) -> (PathBuf, Daemon, Session, Session) {
+    let dir = runtime(name);
+    let (daemon, client) = embedded(config_with(rules), &dir).await.unwrap();
+    let owner = client.attach("owner").await.unwrap();
+    let peer = Client::connect(&dir)
+        .await
+        .unwrap()
+        .attach("peer")
+        .await
+        .unwrap();
+    (dir, daemon, owner, peer)
 }
 
 fn runtime(name: &str) -> PathBuf {
@@ -21,15 +37,7 @@ fn runtime(name: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_writes_what_the_owner_reads_as_the_owner_lets_it_until_the_owner_leaves() {
-    let dir = runtime("lend");
-    let (_daemon, client) = embedded(config_with(""), &dir).await.unwrap();
-    let owner = client.attach("owner").await.unwrap();
-    let peer = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("peer")
-        .await
-        .unwrap();
+    let (dir, _daemon, owner, peer) = owner_and_peer("lend", "").await;
     let rw = owner.share(0, 1 << 20, true).await.unwrap();
     let ro = owner.share(1, 4096, false).await.unwrap();
     assert!(rw.writable() && ro.writable(), "the owner writes its own");
@@ -91,15 +99,7 @@ async fn a_peer_writes_what_the_owner_reads_as_the_owner_lets_it_until_the_owner
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rules_decide_who_maps_and_new_rules_withdraw_the_memory() {
-    let dir = runtime("rules");
-    let (daemon, client) = embedded(config_with(""), &dir).await.unwrap();
-    let owner = client.attach("owner").await.unwrap();
-    let peer = Client::connect(&dir)
-        .await
-        .unwrap()
-        .attach("peer")
-        .await
-        .unwrap();
+    let (dir, daemon, owner, peer) = owner_and_peer("rules", "").await;
     let mine = owner.share(0, 8192, true).await.unwrap();
     let theirs = peer.map_shared(owner.uid(), 0).await.unwrap();
     assert_eq!(theirs.write(0, b"before"), SharedAccess::Done);

@@ -39,6 +39,25 @@ struct Lease {
     writable: bool,
 }
 
+impl Lease {
+    /// Writes under the grant; a read-only mapping writes nothing
+    /// (`OutOfRange`).
+    fn write(&self, offset: usize, data: &[u8]) -> Access {
+        match &self.memory {
+            Memory::Writable(m) => write_under(&self.grant, m, offset, data),
+            Memory::ReadOnly(_) => Access::OutOfRange,
+        }
+    }
+
+    /// Reads under the grant.
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Access {
+        match &self.memory {
+            Memory::Writable(m) => read_under(&self.grant, m, offset, dst),
+            Memory::ReadOnly(m) => read_under(&self.grant, m, offset, dst),
+        }
+    }
+}
+
 /// A local host memory device's bytes mapped into this process (see
 /// [`crate::Session::map`]).
 pub struct MappedMemory {
@@ -113,10 +132,10 @@ impl MappedMemory {
             .out_of_range(offset, data.len())
             .ok_or(ClientError::Status(Status::OutOfRange))?;
         for _ in 0..REMAPS {
-            let access = match &self.lease.memory {
-                Memory::Writable(m) => write_under(&self.lease.grant, m, start, data),
-                Memory::ReadOnly(_) => return Err(read_only(self.device)),
-            };
+            if !self.lease.writable {
+                return Err(read_only(self.device));
+            }
+            let access = self.lease.write(start, data);
             match access {
                 Access::Done => return Ok(()),
                 Access::OutOfRange => return Err(ClientError::Status(Status::OutOfRange)),
@@ -133,10 +152,7 @@ impl MappedMemory {
             .out_of_range(offset, dst.len())
             .ok_or(ClientError::Status(Status::OutOfRange))?;
         for _ in 0..REMAPS {
-            let access = match &self.lease.memory {
-                Memory::Writable(m) => read_under(&self.lease.grant, m, start, dst),
-                Memory::ReadOnly(m) => read_under(&self.lease.grant, m, start, dst),
-            };
+            let access = self.lease.read(start, dst);
             match access {
                 Access::Done => return Ok(()),
                 Access::OutOfRange => return Err(ClientError::Status(Status::OutOfRange)),
@@ -328,18 +344,12 @@ impl SharedRegion {
     /// (nothing written, also for a read-only mapping's every write) or
     /// `Revoked`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Access {
-        match &self.lease.memory {
-            Memory::Writable(m) => write_under(&self.lease.grant, m, offset, data),
-            Memory::ReadOnly(_) => Access::OutOfRange,
-        }
+        self.lease.write(offset, data)
     }
 
     /// Reads `dst.len()` bytes at `offset` under the grant.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Access {
-        match &self.lease.memory {
-            Memory::Writable(m) => read_under(&self.lease.grant, m, offset, dst),
-            Memory::ReadOnly(m) => read_under(&self.lease.grant, m, offset, dst),
-        }
+        self.lease.read(offset, dst)
     }
 
     /// The writable mapping itself, for an owner that keeps its own

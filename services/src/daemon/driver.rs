@@ -823,20 +823,7 @@ impl Driver {
                         .resources()
                         .find(|r| r.uid.device() == *device)
                         .and_then(|r| self.shared.host_region(&r.name).cloned());
-                    if let (Some(region), Ok(mut pending)) =
-                        (region, self.shared.pending_maps.lock())
-                    {
-                        let t = random_token();
-                        pending.insert(
-                            t,
-                            super::PendingMap {
-                                region,
-                                writable: *writable,
-                                session,
-                            },
-                        );
-                        token = Some(t);
-                    }
+                    token = region.and_then(|r| self.pending_map(r, *writable, session));
                 }
                 if let Ok(Reply::Shared {
                     owner,
@@ -846,24 +833,27 @@ impl Driver {
                 }) = &result
                 {
                     let region = self.shared.shared_region(*owner, *id);
-                    if let (Some(region), Ok(mut pending)) =
-                        (region, self.shared.pending_maps.lock())
-                    {
-                        let t = random_token();
-                        pending.insert(
-                            t,
-                            super::PendingMap {
-                                region,
-                                writable: *writable,
-                                session,
-                            },
-                        );
-                        token = Some(t);
-                    }
+                    token = region.and_then(|r| self.pending_map(r, *writable, session));
                 }
                 let _ = tx.send(ClientOutcome { result, token });
             }
         }
+    }
+
+    /// Registers a granted mapping of `region` for `session`'s process to
+    /// claim under the token returned.
+    fn pending_map(&self, region: Arc<HostRegion>, writable: bool, session: u64) -> Option<u64> {
+        let mut pending = self.shared.pending_maps.lock().ok()?;
+        let t = random_token();
+        pending.insert(
+            t,
+            super::PendingMap {
+                region,
+                writable,
+                session,
+            },
+        );
+        Some(t)
     }
 
     /// Turns a batch's replies into the core's results, keeping the links
